@@ -1,0 +1,135 @@
+"""An analysis view of one Relax dataflow block: nodes, edges, patterns, lowerability.
+
+Partitioners read this instead of walking Relax themselves. A node is one binding; its
+inputs are the bindings of the same block it reads, its consumers the bindings that read
+it. Nothing here rewrites the IR.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from tvm_ext.loop_ir import SUPPORTED_DTYPES
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OPS, OpDef, OpRegistry
+
+
+@dataclass
+class Node:
+    """One binding of the block."""
+
+    index: int
+    var: relax.Var
+    value: relax.Expr
+    kind: str  # "op" (a Relax op call), "get_item" (field of a multi-output op), "other"
+    op: str | None = None
+    opdef: OpDef | None = None
+    pattern: OpPattern = OpPattern.OPAQUE
+    inputs: list[int] = field(default_factory=list)
+    consumers: list[int] = field(default_factory=list)
+    is_output: bool = False  # read after the block (a non-dataflow var)
+    lowerable: bool = False
+    why_not: str = ""  # why our lowering cannot take it (for the report)
+
+    @property
+    def name(self) -> str:
+        return self.var.name
+
+    @property
+    def is_view(self) -> bool:
+        return self.opdef is not None and self.opdef.view
+
+    def __repr__(self) -> str:
+        return f"%{self.index}:{self.name}={self.op or self.kind}"
+
+
+class DataflowGraph:
+    """Nodes of a dataflow block in program (topological) order."""
+
+    def __init__(self, block: relax.DataflowBlock, registry: OpRegistry = OPS):
+        self.block = block
+        self.nodes: list[Node] = []
+        index_of: dict[relax.Var, int] = {}
+        for i, binding in enumerate(block.bindings):
+            node = _make_node(i, binding, registry)
+            for v in relax.analysis.free_vars(binding.value):
+                if v in index_of and index_of[v] not in node.inputs:
+                    node.inputs.append(index_of[v])
+            node.is_output = not isinstance(binding.var, relax.DataflowVar)
+            index_of[binding.var] = i
+            self.nodes.append(node)
+        for node in self.nodes:
+            for j in node.inputs:
+                self.nodes[j].consumers.append(node.index)
+        self._attach_get_items()
+
+    def _attach_get_items(self) -> None:
+        """A multi-output op is lowerable only if every reader takes a field of it."""
+        for node in self.nodes:
+            if node.kind == "get_item":
+                src = self.nodes[node.inputs[0]] if node.inputs else None
+                node.lowerable = src is not None and src.lowerable
+                node.pattern = src.pattern if src is not None else OpPattern.OPAQUE
+            if node.kind == "op" and isinstance(node.var.ty, relax.TupleType):
+                readers = [self.nodes[c] for c in node.consumers]
+                if node.is_output or any(r.kind != "get_item" for r in readers):
+                    node.lowerable = False
+                    node.why_not = node.why_not or "tuple result used whole"
+                    for r in readers:
+                        if r.kind == "get_item":
+                            r.lowerable = False
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i: int) -> Node:
+        return self.nodes[i]
+
+
+def _make_node(i: int, binding: relax.Binding, registry: OpRegistry) -> Node:
+    value = binding.value if isinstance(binding, relax.VarBinding) else None
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        opdef = registry.get(value.op.name)
+        node = Node(i, binding.var, value, "op", value.op.name, opdef)
+        if opdef is None:
+            node.why_not = "no lowering registered"
+            return node
+        node.pattern = opdef.pattern_of(value)
+        problem = _type_problem(binding.var.ty) or next(
+            (p for p in (_type_problem(a.ty) for a in _tensor_args(value)) if p), "")
+        node.lowerable = opdef.lower is not None and not problem
+        node.why_not = problem if problem else ("" if opdef.lower else "no lowering registered")
+        return node
+    if isinstance(value, relax.TupleGetItem):
+        return Node(i, binding.var, value, "get_item")
+    return Node(i, binding.var, binding.value, "other", why_not="not an op call")
+
+
+def _tensor_args(call: relax.Call):
+    for a in call.args:
+        if isinstance(a, relax.Tuple):
+            yield from a.fields
+        elif isinstance(a, (relax.Var, tvm.ir.GenericConst)):
+            yield a
+
+
+def _type_problem(ty) -> str:
+    """Why a value of this type cannot be lowered by us ('' if it can)."""
+    if isinstance(ty, relax.TupleType):
+        return next((p for p in (_type_problem(f) for f in ty.fields) if p), "")
+    if isinstance(ty, (tvm.ir.PrimType, relax.ShapeType)):
+        return ""
+    if not isinstance(ty, relax.TensorType):
+        return f"value of type {type(ty).__name__}"
+    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return "unknown shape"
+    if any(not isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
+        return "symbolic shape"
+    if str(ty.dtype) not in SUPPORTED_DTYPES:
+        return f"dtype {ty.dtype}"
+    return ""

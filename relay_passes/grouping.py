@@ -1,0 +1,173 @@
+"""MakeGroups: turn a partition into grouped Relax functions ("New Graph Construction").
+
+Each group becomes a private Relax function marked ``Primitive`` (as TVM's FuseOps does),
+with a new parameter per value it reads from outside, its outputs as results, and our
+partition attributes (``tvm_ext.group``, ``tvm_ext.pattern``). The caller's dataflow block
+calls it. ``mod.script()`` shows the groups; ``FuseCompile`` then lowers each to one PrimFunc.
+"""
+from __future__ import annotations
+
+import heapq
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from relay_passes.graph import DataflowGraph
+from relay_passes.partition import PARTITIONERS, Group, Partition, Partitioner
+from tvm_ext import attrs
+from tvm_ext.registry import OPS, OpRegistry
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="MakeGroups")
+class MakeGroups:
+    """Partition every dataflow block and outline each group as a ``Primitive`` function.
+
+    ``partitioner`` is a strategy name of ``PARTITIONERS`` or a callable taking a
+    ``DataflowGraph`` and returning a ``Partition``. The partitions made are kept in
+    ``self.partitions`` for reports and tests.
+    """
+
+    def __init__(self, partitioner: str | Partitioner = "chains", registry: OpRegistry = OPS):
+        if isinstance(partitioner, str):
+            if partitioner not in PARTITIONERS:
+                raise ValueError(f"unknown partition strategy {partitioner!r}; "
+                                 f"choose one of {sorted(PARTITIONERS)}")
+            partitioner = PARTITIONERS[partitioner]
+        self.partitioner = partitioner
+        self.registry = registry
+        self.partitions: list[Partition] = []
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        rewriter = _GroupRewriter(mod, self)
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function) and not _is_primitive(func):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        return rewriter.builder_.get()
+
+
+def _is_primitive(func: relax.Function) -> bool:
+    return func.attrs is not None and "Primitive" in func.attrs
+
+
+@mutator
+class _GroupRewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, owner: MakeGroups):
+        super().__init__(mod)
+        self.owner = owner
+        self.names = {gv.name_hint for gv in mod.get_global_vars()}
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock):
+        graph = DataflowGraph(block, self.owner.registry)
+        part = self.owner.partitioner(graph)
+        self.owner.partitions.append(part)
+        self.builder_._begin_dataflow_block()
+        group_of = part.group_of()
+        for item in _condensed_order(graph, part.groups, group_of):
+            if isinstance(item, Group):
+                self._emit_group(graph, item)
+            else:
+                self.visit_binding(block.bindings[item])
+        return self.builder_._end_block()
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.names:
+            name, n = f"{base}{n}", n + 1
+        self.names.add(name)
+        return name
+
+    def _emit_group(self, graph: DataflowGraph, group: Group) -> None:
+        ops = [graph[n].op.replace("relax.", "").replace("nn.", "") for n in group.nodes if graph[n].op]
+        name = self._unique("fused_" + "_".join(ops[:6]))
+        func, inputs, outputs = outline_group(graph, group, name)
+        gv = self.builder_.add_func(func, name)
+        call = relax.Call(gv, [self.visit_expr(v) for v in inputs])
+        if len(outputs) == 1:
+            self._bind(outputs[0], call)
+            return
+        tup = self.builder_.emit(call, name_hint=name)
+        for i, var in enumerate(outputs):
+            self._bind(var, relax.TupleGetItem(tup, i))
+
+    def _bind(self, var: relax.Var, value: relax.Expr) -> None:
+        if isinstance(var, relax.DataflowVar):
+            new = self.builder_.emit(value, name_hint=var.name)
+        else:
+            new = self.builder_.emit_output(value, name_hint=var.name)
+        self.set_var_remap(var, new)
+
+
+def outline_group(graph: DataflowGraph, group: Group, name: str):
+    """The group as a ``Primitive`` Relax function; returns (function, inputs, outputs)."""
+    members = set(group.nodes)
+    bound = {graph[n].var for n in group.nodes}
+    inputs: list[relax.Var] = []
+    for n in group.nodes:
+        for v in relax.analysis.free_vars(graph[n].value):
+            if v not in bound and v not in inputs:
+                inputs.append(v)
+    outputs = [graph[n].var for n in group.nodes
+               if graph[n].is_output or any(c not in members for c in graph[n].consumers)]
+    params = [relax.Var(v.name, v.ty) for v in inputs]
+    vmap: dict = dict(zip(inputs, params))
+    fattrs = {"Primitive": True, attrs.GROUP: group.gid, attrs.PATTERN: str(group.pattern)}
+    bb = relax.BlockBuilder()
+    with bb.function(name, params, attrs=fattrs, private=True):
+        with bb.dataflow():
+            for n in group.nodes:
+                node = graph[n]
+                value = substitute(node.value, vmap)
+                emit = bb.emit_output if node.var in outputs else bb.emit
+                vmap[node.var] = emit(value, name_hint=node.name)
+        result = vmap[outputs[0]] if len(outputs) == 1 else relax.Tuple([vmap[o] for o in outputs])
+        bb.emit_func_output(result)
+    return bb.get()[name], inputs, outputs
+
+
+def substitute(expr: relax.Expr, vmap: dict) -> relax.Expr:
+    """Replace variables in an A-normal-form binding value (call, tuple, field read)."""
+    if isinstance(expr, relax.Var):
+        return vmap.get(expr, expr)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([substitute(f, vmap) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(substitute(expr.tuple_value, vmap), expr.index)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [substitute(a, vmap) for a in expr.args], expr.attrs, expr.ty_args)
+    return expr
+
+
+def _condensed_order(graph: DataflowGraph, groups: list[Group], group_of: dict[int, int]):
+    """Topological order of groups and ungrouped nodes, as close to program order as possible."""
+    def item(n: int):
+        return ("g", group_of[n]) if n in group_of else ("n", n)
+
+    keys = {item(n.index) for n in graph}
+    first = {}
+    for n in graph:
+        first.setdefault(item(n.index), n.index)
+    deps = {k: set() for k in keys}
+    for n in graph:
+        for i in n.inputs:
+            a, b = item(i), item(n.index)
+            if a != b:
+                deps[b].add(a)
+    users = {k: [] for k in keys}
+    for k, ds in deps.items():
+        for d in ds:
+            users[d].append(k)
+    waiting = {k: len(ds) for k, ds in deps.items()}
+    ready = [(first[k], k) for k, c in waiting.items() if c == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(groups[k[1]] if k[0] == "g" else k[1])
+        for u in users[k]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (first[u], u))
+    if len(order) != len(keys):
+        raise RuntimeError("partition creates a cycle between groups")
+    return order

@@ -1,0 +1,156 @@
+"""Partitions of a dataflow block into fusion groups, as a plain result object.
+
+A ``Partition`` says which nodes form each group and why; ``relay_passes.grouping`` turns
+it into grouped Relax functions. The two trivial strategies of the foundation live here:
+
+- ``partition_none``: every op alone (one kernel per op);
+- ``partition_chains``: maximal single-consumer trees of ElemWise/Broadcast ops.
+
+Nodes our lowering cannot take (``Node.lowerable`` false) stay outside every group: TVM's
+LegalizeOps gives them their own kernel (AutoFuse's "default lowering"). A view op
+(reshape, expand_dims, squeeze, flatten) left alone also stays out: TVM turns it into a
+zero-copy reshape, which beats any copy kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from relay_passes.graph import DataflowGraph, Node
+from tvm_ext.patterns import OpPattern
+
+
+@dataclass
+class Group:
+    """A set of nodes compiled into one kernel."""
+
+    gid: int
+    nodes: list[int]  # node indices, in topological order
+    pattern: OpPattern
+
+    @property
+    def root(self) -> int:
+        return self.nodes[-1]
+
+
+@dataclass
+class Decision:
+    """One line of the fusion log: what happened to a node and why."""
+
+    node: int
+    action: str  # "fused", "alone", "tvm" (left to TVM's legalization), "view"
+    reason: str
+
+
+@dataclass
+class Partition:
+    graph: DataflowGraph
+    groups: list[Group] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+
+    def group_of(self) -> dict[int, int]:
+        return {n: g.gid for g in self.groups for n in g.nodes}
+
+    def describe(self) -> str:
+        """A printable table: one line per group, then nodes left to TVM."""
+        lines = []
+        for g in self.groups:
+            names = ", ".join(f"{self.graph[n].name}={_short(self.graph[n])}" for n in g.nodes)
+            lines.append(f"group {g.gid} [{g.pattern}]: {names}")
+        for d in self.decisions:
+            if d.action in ("tvm", "view"):
+                node = self.graph[d.node]
+                lines.append(f"{d.action:5s} {node.name}={_short(node)}: {d.reason}")
+        return "\n".join(lines)
+
+
+def _short(node: Node) -> str:
+    return (node.op or node.kind).replace("relax.", "")
+
+
+Partitioner = Callable[[DataflowGraph], Partition]
+
+
+def _leftovers(graph: DataflowGraph, part: Partition, taken: set[int]) -> None:
+    for node in graph:
+        if node.index in taken or node.kind == "other":
+            continue
+        if node.lowerable and node.is_view:
+            part.decisions.append(Decision(node.index, "view", "alone: TVM makes it a zero-copy reshape"))
+        elif not node.lowerable and node.kind == "op":
+            part.decisions.append(Decision(node.index, "tvm", node.why_not or "not lowerable"))
+
+
+def _finish(graph: DataflowGraph, sets: list[list[int]]) -> Partition:
+    part = Partition(graph)
+    for members in sets:
+        members = sorted(members)
+        pattern = max((graph[n].pattern for n in members if graph[n].kind == "op"), default=OpPattern.OPAQUE)
+        part.groups.append(Group(len(part.groups), members, pattern))
+    _leftovers(graph, part, {n for s in sets for n in s})
+    return part
+
+
+def _with_get_items(graph: DataflowGraph, members: list[int]) -> list[int]:
+    """A multi-output op's field reads (TupleGetItem) always join the op's group."""
+    out = list(members)
+    for n in members:
+        out.extend(c for c in graph[n].consumers if graph[c].kind == "get_item" and graph[c].lowerable)
+    return out
+
+
+def _groupable(node: Node) -> bool:
+    return node.kind == "op" and node.lowerable
+
+
+def partition_none(graph: DataflowGraph) -> Partition:
+    """Every lowerable op in a group of its own (views alone stay TVM's reshapes)."""
+    sets = [_with_get_items(graph, [n.index]) for n in graph if _groupable(n) and not n.is_view]
+    part = _finish(graph, sets)
+    for g in part.groups:
+        part.decisions.append(Decision(g.root, "alone", "fusion disabled"))
+    return part
+
+
+_CHAIN = (OpPattern.ELEMWISE, OpPattern.BROADCAST)
+
+
+def partition_chains(graph: DataflowGraph) -> Partition:
+    """Fuse an ElemWise/Broadcast op with each ElemWise/Broadcast producer whose only reader
+    it is. Groups are in-trees, which can never form a cycle with the rest of the graph."""
+    parent = {n.index: n.index for n in graph}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    reasons: dict[int, str] = {}
+    for node in graph:
+        if not _groupable(node) or node.pattern not in _CHAIN:
+            continue
+        for i in node.inputs:
+            prod = graph[i]
+            if not _groupable(prod) or prod.pattern not in _CHAIN:
+                continue
+            if len(prod.consumers) != 1 or prod.is_output:
+                reasons[i] = f"realized: {len(prod.consumers)} readers" if not prod.is_output else "realized: block output"
+                continue
+            parent[find(i)] = find(node.index)
+            reasons[i] = f"fused into {node.name}"
+    sets: dict[int, list[int]] = {}
+    for node in graph:
+        if _groupable(node):
+            sets.setdefault(find(node.index), []).append(node.index)
+    kept = [m for m in sets.values() if not (len(m) == 1 and graph[m[0]].is_view)]
+    part = _finish(graph, [_with_get_items(graph, m) for m in kept])
+    for g in part.groups:
+        for n in g.nodes:
+            if graph[n].kind == "op":
+                part.decisions.append(Decision(n, "fused" if len(g.nodes) > 1 else "alone",
+                                               reasons.get(n, "group root")))
+    return part
+
+
+PARTITIONERS: dict[str, Partitioner] = {"none": partition_none, "chains": partition_chains}

@@ -1,0 +1,29 @@
+"""Schedules: how each generated kernel's loops run (the graph is never touched here)."""
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+from schedules.default import ScheduleConfig, block_kind, schedule_prim_func
+from tvm_ext import attrs
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="ScheduleKernels")
+class ScheduleKernels:
+    """Give every PrimFunc that FuseCompile generated its default schedule."""
+
+    def __init__(self, config: ScheduleConfig | None = None):
+        self.config = config
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        config = self.config or ScheduleConfig()
+        out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+        for gv, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and func.attrs is not None and attrs.KERNEL in func.attrs:
+                scheduled, plans = schedule_prim_func(func, config)
+                plan_text = ", ".join(f"{b}:{p}" for b, p in plans.items())
+                out[gv] = scheduled.with_attr(attrs.SCHEDULE, plan_text)
+        return out
+
+
+__all__ = ["ScheduleConfig", "ScheduleKernels", "block_kind", "schedule_prim_func"]

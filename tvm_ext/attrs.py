@@ -1,0 +1,8 @@
+"""Names of the function attributes our passes write and later stages read."""
+
+GROUP = "tvm_ext.group"  # on grouped Relax functions: the group id of the partition
+PATTERN = "tvm_ext.pattern"  # on grouped functions and kernels: the group's fuse pattern
+KERNEL = "tvm_ext.kernel"  # on PrimFuncs we generated: the group's pattern name
+OPS = "tvm_ext.ops"  # on our PrimFuncs: comma-separated Relax ops the kernel covers
+LOOP_IR = "tvm_ext.loop_ir"  # on our PrimFuncs: the kernel's Loop IR, as text
+SCHEDULE = "tvm_ext.schedule"  # on our PrimFuncs: the plan applied to each block

@@ -1,0 +1,34 @@
+"""Errors a user can act on: each names the node (or input) and says what to do."""
+from __future__ import annotations
+
+
+class CompileError(Exception):
+    """Base of every error this compiler raises on purpose."""
+
+
+class NotLowerable(CompileError):
+    """Our Loop-IR lowering does not handle this op instance; it keeps TVM's legalization.
+
+    Raised inside lowerings (unsupported attribute, symbolic shape, dtype, ...). The
+    pipeline catches it and falls back; users only see it in the fusion report.
+    """
+
+
+class ShapeError(CompileError, ValueError):
+    """Shapes that do not fit together (broadcast, reshape, concat, matmul ...)."""
+
+
+class UnsupportedOpError(CompileError):
+    """An op that neither our registry nor TVM's LegalizeOps can turn into a kernel."""
+
+
+class UnsupportedDtypeError(CompileError, TypeError):
+    """A dtype that no kernel path here can compute."""
+
+
+class FrontendError(CompileError):
+    """The model could not be imported (torch.export or the ONNX importer failed)."""
+
+
+class InputError(CompileError, ValueError):
+    """A call-time argument of the wrong count, shape or dtype."""

@@ -1,0 +1,434 @@
+"""Loop IR: the scalar expression that computes one element of a tensor.
+
+This is AutoFuse's operator-level Lowering IR (autofuse_lowering_en.md, "Operator
+Lowering"). A node computes one scalar for one point of an iteration space:
+
+- ``Load``: one element of a buffer, at an index (a tuple of TIR index expressions). View
+  operators (reshape, transpose, broadcast, slice) only change that index, so they cost
+  nothing.
+- ``Const`` / ``IndexValue``: a literal, or an index expression used as data (iota, masks).
+- ``Cast``: a dtype conversion (type promotion inserts these).
+- ``Compute``: one scalar primitive of ``SCALAR_OPS`` applied to its arguments.
+- ``Select``: a choice; ``guarded`` selects evaluate only the chosen branch (padding,
+  concat), the others evaluate both (relu, where).
+- ``Reduce``: a commutative reduction of a body over reduce axes; it only appears at the
+  top of a realized stage (a reduction result is always realized: AutoFuse stop rule 1).
+
+Broadcasting and storing are not nodes: a broadcast is an index map on ``Load`` (see
+``tvm_ext.lowering.broadcast_to``) and a store is the realization of a stage. Every node
+translates to TE by ``to_te``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence, Union
+
+import tvm
+from tvm import te, tirx
+
+PrimExpr = tirx.Expr
+Index = Union[PrimExpr, "LoopExpr"]  # a LoopExpr index is a data-dependent (gather) index
+
+
+# --------------------------------------------------------------------------- dtypes
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_INTS = ("int8", "int16", "int32", "int64")
+_UINTS = ("uint8", "uint16", "uint32", "uint64")
+SUPPORTED_DTYPES = frozenset(("bool", "float16", "float32", "float64") + _INTS + ("uint8",))
+
+
+def is_float(dtype: str) -> bool:
+    return str(dtype) in _FLOATS
+
+
+def is_int(dtype: str) -> bool:
+    return str(dtype) in _INTS or str(dtype) in _UINTS
+
+
+def _bits(dtype: str) -> int:
+    return 1 if dtype == "bool" else tvm.DataType(dtype).bits
+
+
+def promote_dtypes(*dtypes: str) -> str:
+    """The dtype a pointwise op computes in: numpy's promotion on bool < int < float."""
+    dtypes = [str(d) for d in dtypes]
+    floats = [d for d in dtypes if is_float(d)]
+    if floats:
+        return max(floats, key=_bits)
+    ints = [d for d in dtypes if is_int(d)]
+    if not ints:
+        return "bool"
+    signed = [d for d in ints if d in _INTS]
+    unsigned = [d for d in ints if d in _UINTS]
+    if signed and unsigned:
+        bits = max(max(_bits(d) for d in signed), 2 * max(_bits(d) for d in unsigned))
+        return f"int{min(bits, 64)}"
+    return max(ints, key=_bits)
+
+
+def compute_dtype(dtype: str) -> str:
+    """Half precision is computed in float32 and rounded once at the end (as Inductor does)."""
+    return "float32" if dtype == "float16" else dtype
+
+
+# --------------------------------------------------------------------------- nodes
+class LoopExpr:
+    """Base of all Loop IR nodes; ``dtype`` is the scalar type of the value."""
+
+    dtype: str
+
+    def children(self) -> tuple["LoopExpr", ...]:
+        return ()
+
+    # Arithmetic sugar so lowerings read like the math: ``x * sigmoid(x)``.
+    def __add__(self, other): return compute("add", self, _lift(other, self.dtype))
+    def __radd__(self, other): return compute("add", _lift(other, self.dtype), self)
+    def __sub__(self, other): return compute("subtract", self, _lift(other, self.dtype))
+    def __rsub__(self, other): return compute("subtract", _lift(other, self.dtype), self)
+    def __mul__(self, other): return compute("multiply", self, _lift(other, self.dtype))
+    def __rmul__(self, other): return compute("multiply", _lift(other, self.dtype), self)
+    def __truediv__(self, other): return compute("divide", self, _lift(other, self.dtype))
+    def __rtruediv__(self, other): return compute("divide", _lift(other, self.dtype), self)
+    def __neg__(self): return compute("negative", self)
+
+    def __repr__(self) -> str:
+        return format_expr(self)
+
+
+@dataclass(eq=False, repr=False)
+class Buffer:
+    """A tensor in memory that a kernel reads: a kernel input or a realized stage."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    tensor: te.Tensor | None = None  # set when the kernel builder creates its TE tensor
+
+
+@dataclass(eq=False, repr=False)
+class Load(LoopExpr):
+    buffer: Buffer
+    index: tuple[Index, ...]
+
+    def __post_init__(self):
+        if len(self.index) != len(self.buffer.shape):
+            raise ValueError(f"load of {self.buffer.name}{list(self.buffer.shape)} with "
+                             f"{len(self.index)} indices")
+        self.dtype = self.buffer.dtype
+
+    def children(self):
+        return tuple(i for i in self.index if isinstance(i, LoopExpr))
+
+
+@dataclass(eq=False, repr=False)
+class Const(LoopExpr):
+    value: float | int | bool
+    dtype: str
+
+
+@dataclass(eq=False, repr=False)
+class IndexValue(LoopExpr):
+    expr: PrimExpr
+    dtype: str
+
+
+@dataclass(eq=False, repr=False)
+class Cast(LoopExpr):
+    value: LoopExpr
+    dtype: str
+
+    def children(self):
+        return (self.value,)
+
+
+@dataclass(eq=False, repr=False)
+class Compute(LoopExpr):
+    op: str
+    args: tuple[LoopExpr, ...]
+    dtype: str = field(init=False)
+
+    def __post_init__(self):
+        spec = SCALAR_OPS[self.op]
+        if len(self.args) != spec.arity:
+            raise ValueError(f"{self.op} takes {spec.arity} arguments, got {len(self.args)}")
+        dtypes = {a.dtype for a in self.args}
+        if len(dtypes) > 1:
+            raise TypeError(f"{self.op} arguments disagree on dtype: {sorted(dtypes)}; "
+                            "cast them to one compute dtype first")
+        self.dtype = "bool" if spec.boolean else self.args[0].dtype
+
+    def children(self):
+        return self.args
+
+
+@dataclass(eq=False, repr=False)
+class Select(LoopExpr):
+    cond: LoopExpr
+    true_value: LoopExpr
+    false_value: LoopExpr
+    guarded: bool = False
+    dtype: str = field(init=False)
+
+    def __post_init__(self):
+        if self.true_value.dtype != self.false_value.dtype:
+            raise TypeError(f"select branches disagree on dtype: {self.true_value.dtype} vs "
+                            f"{self.false_value.dtype}")
+        self.dtype = self.true_value.dtype
+
+    def children(self):
+        return (self.cond, self.true_value, self.false_value)
+
+
+REDUCE_KINDS = ("sum", "max", "min", "prod")
+
+
+@dataclass(eq=False, repr=False)
+class Reduce(LoopExpr):
+    kind: str
+    body: LoopExpr
+    axes: tuple[tirx.IterVar, ...]
+    dtype: str = field(init=False)
+
+    def __post_init__(self):
+        if self.kind not in REDUCE_KINDS:
+            raise ValueError(f"unknown reduction {self.kind!r}; one of {REDUCE_KINDS}")
+        self.dtype = self.body.dtype
+
+    def children(self):
+        return (self.body,)
+
+
+def walk(expr: LoopExpr) -> Iterator[LoopExpr]:
+    """Every distinct node under ``expr`` (shared subtrees once), parents before children."""
+    seen: set[int] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+def count_nodes(expr: LoopExpr) -> int:
+    return sum(1 for _ in walk(expr))
+
+
+def count_loads(expr: LoopExpr) -> int:
+    return sum(1 for n in walk(expr) if isinstance(n, Load))
+
+
+def format_expr(expr: LoopExpr) -> str:
+    """One-line text form, e.g. ``add(load(x, [i0, i1]), 1f32)``."""
+    if isinstance(expr, Load):
+        return f"load({expr.buffer.name}, [{', '.join(map(_fmt_index, expr.index))}])"
+    if isinstance(expr, Const):
+        return f"{expr.value}{_short(expr.dtype)}"
+    if isinstance(expr, IndexValue):
+        return f"index({expr.expr})"
+    if isinstance(expr, Cast):
+        return f"cast<{expr.dtype}>({format_expr(expr.value)})"
+    if isinstance(expr, Compute):
+        return f"{expr.op}({', '.join(format_expr(a) for a in expr.args)})"
+    if isinstance(expr, Select):
+        kind = "guarded_select" if expr.guarded else "select"
+        return f"{kind}({', '.join(format_expr(a) for a in expr.children())})"
+    if isinstance(expr, Reduce):
+        axes = ", ".join(f"{a.var}<{a.dom.extent}" for a in expr.axes)
+        return f"reduce_{expr.kind}[{axes}]({format_expr(expr.body)})"
+    return type(expr).__name__
+
+
+def _fmt_index(index: Index) -> str:
+    return format_expr(index) if isinstance(index, LoopExpr) else str(index)
+
+
+def _short(dtype: str) -> str:
+    return {"float32": "f", "float64": "d", "float16": "h", "bool": "b"}.get(dtype, dtype)
+
+
+# --------------------------------------------------------------------------- scalar ops
+@dataclass(frozen=True)
+class ScalarOp:
+    """A scalar primitive: its arity, its TE translation and whether it returns bool."""
+
+    name: str
+    arity: int
+    te_fn: Callable[..., PrimExpr]
+    boolean: bool = False
+    float_only: bool = False
+
+
+def dtype_of(expr) -> str:
+    """The dtype of a TIR expression (TVM 0.27 keeps it in ``.ty``; tensor reads in ``.dtype``)."""
+    ty = getattr(expr, "ty", None)
+    return str(ty) if ty is not None else str(expr.dtype)
+
+
+def _floor_divide(a, b):
+    if is_float(dtype_of(a)):
+        return te.floor(a / b)
+    return tirx.floordiv(a, b)
+
+
+def _floor_mod(a, b):
+    if is_float(dtype_of(a)):
+        return a - te.floor(a / b) * b
+    return tirx.floormod(a, b)
+
+
+def _sign(a):
+    zero, one = tirx.const(0, dtype_of(a)), tirx.const(1, dtype_of(a))
+    return tirx.Select(a > zero, one, tirx.Select(a < zero, -one, zero))
+
+
+def _divide(a, b):
+    return a / b if is_float(dtype_of(a)) else tirx.truncdiv(a, b)
+
+
+_SCALAR_OP_LIST = [
+    ScalarOp("add", 2, lambda a, b: a + b),
+    ScalarOp("subtract", 2, lambda a, b: a - b),
+    ScalarOp("multiply", 2, lambda a, b: a * b),
+    ScalarOp("divide", 2, _divide),
+    ScalarOp("floor_divide", 2, _floor_divide),
+    ScalarOp("floor_mod", 2, _floor_mod),
+    ScalarOp("power", 2, te.power),
+    ScalarOp("maximum", 2, tirx.Max),
+    ScalarOp("minimum", 2, tirx.Min),
+    ScalarOp("equal", 2, tirx.EQ, boolean=True),
+    ScalarOp("not_equal", 2, tirx.NE, boolean=True),
+    ScalarOp("less", 2, tirx.LT, boolean=True),
+    ScalarOp("less_equal", 2, tirx.LE, boolean=True),
+    ScalarOp("greater", 2, tirx.GT, boolean=True),
+    ScalarOp("greater_equal", 2, tirx.GE, boolean=True),
+    ScalarOp("logical_and", 2, tirx.And, boolean=True),
+    ScalarOp("logical_or", 2, tirx.Or, boolean=True),
+    ScalarOp("logical_xor", 2, lambda a, b: tirx.NE(a, b), boolean=True),
+    ScalarOp("logical_not", 1, tirx.Not, boolean=True),
+    ScalarOp("bitwise_and", 2, tirx.bitwise_and),
+    ScalarOp("bitwise_or", 2, tirx.bitwise_or),
+    ScalarOp("bitwise_xor", 2, tirx.bitwise_xor),
+    ScalarOp("bitwise_not", 1, tirx.bitwise_not),
+    ScalarOp("negative", 1, lambda a: -a),
+    ScalarOp("abs", 1, te.abs),
+    ScalarOp("sign", 1, _sign),
+    ScalarOp("exp", 1, te.exp, float_only=True),
+    ScalarOp("log", 1, te.log, float_only=True),
+    ScalarOp("sqrt", 1, te.sqrt, float_only=True),
+    ScalarOp("rsqrt", 1, te.rsqrt, float_only=True),
+    ScalarOp("tanh", 1, te.tanh, float_only=True),
+    ScalarOp("sigmoid", 1, te.sigmoid, float_only=True),
+    ScalarOp("erf", 1, te.erf, float_only=True),
+    ScalarOp("sin", 1, te.sin, float_only=True),
+    ScalarOp("cos", 1, te.cos, float_only=True),
+    ScalarOp("tan", 1, te.tan, float_only=True),
+    ScalarOp("floor", 1, te.floor, float_only=True),
+    ScalarOp("ceil", 1, te.ceil, float_only=True),
+    ScalarOp("round", 1, te.round, float_only=True),
+    ScalarOp("trunc", 1, te.trunc, float_only=True),
+    ScalarOp("isnan", 1, te.isnan, boolean=True),
+    ScalarOp("isinf", 1, te.isinf, boolean=True),
+    ScalarOp("isfinite", 1, te.isfinite, boolean=True),
+]
+SCALAR_OPS: dict[str, ScalarOp] = {op.name: op for op in _SCALAR_OP_LIST}
+
+
+def compute(op: str, *args: LoopExpr) -> Compute:
+    return Compute(op, tuple(args))
+
+
+def _lift(value, dtype: str) -> LoopExpr:
+    return value if isinstance(value, LoopExpr) else Const(value, dtype)
+
+
+def const(value, dtype: str) -> Const:
+    return Const(value, dtype)
+
+
+def cast(value: LoopExpr, dtype: str) -> LoopExpr:
+    """Cast unless already of ``dtype``."""
+    return value if value.dtype == dtype else Cast(value, dtype)
+
+
+def select(cond: LoopExpr, true_value, false_value, guarded: bool = False) -> Select:
+    dtype = true_value.dtype if isinstance(true_value, LoopExpr) else false_value.dtype
+    return Select(cond, _lift(true_value, dtype), _lift(false_value, dtype), guarded)
+
+
+def _scalar_fn(name: str, arity: int):
+    def fn(*args):
+        if len(args) != arity:
+            raise TypeError(f"{name} takes {arity} arguments")
+        first = next((a for a in args if isinstance(a, LoopExpr)), None)
+        if first is None:
+            raise TypeError(f"{name} needs at least one Loop IR argument")
+        return compute(name, *[_lift(a, first.dtype) for a in args])
+    fn.__name__ = name
+    fn.__doc__ = f"Loop IR ``{name}``."
+    return fn
+
+
+# Module-level constructors, one per scalar op: ``loop_ir.exp(x)``, ``loop_ir.maximum(a, b)``.
+for _op in _SCALAR_OP_LIST:
+    globals()[_op.name] = _scalar_fn(_op.name, _op.arity)
+del _op
+
+
+# --------------------------------------------------------------------------- to TE
+def to_te(expr: LoopExpr) -> PrimExpr:
+    """Translate a Loop IR expression to a TE/TIR expression (loads become tensor reads)."""
+    memo: dict[int, PrimExpr] = {}
+
+    def tr(node: LoopExpr) -> PrimExpr:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        memo[key] = out = _translate(node, tr)
+        return out
+
+    return tr(expr)
+
+
+def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr]) -> PrimExpr:
+    if isinstance(node, Load):
+        if node.buffer.tensor is None:
+            raise RuntimeError(f"buffer {node.buffer.name} has no TE tensor yet")
+        index = [_te_index(tr(i)) if isinstance(i, LoopExpr) else i for i in node.index]
+        return node.buffer.tensor(*index)
+    if isinstance(node, Const):
+        return tirx.const(node.value, node.dtype)
+    if isinstance(node, IndexValue):
+        return node.expr if dtype_of(node.expr) == node.dtype else tirx.Cast(node.dtype, node.expr)
+    if isinstance(node, Cast):
+        value = tr(node.value)
+        return value if dtype_of(value) == node.dtype else tirx.Cast(node.dtype, value)
+    if isinstance(node, Compute):
+        return SCALAR_OPS[node.op].te_fn(*[tr(a) for a in node.args])
+    if isinstance(node, Select):
+        cond, t, f = tr(node.cond), tr(node.true_value), tr(node.false_value)
+        return tirx.if_then_else(cond, t, f) if node.guarded else tirx.Select(cond, t, f)
+    if isinstance(node, Reduce):
+        body = tr(node.body)
+        axes = list(node.axes)
+        if node.kind == "sum":
+            return te.sum(body, axis=axes)
+        if node.kind == "max":
+            return te.max(body, axis=axes)
+        if node.kind == "min":
+            return te.min(body, axis=axes)
+        return _PROD(body, axis=axes)
+    raise TypeError(f"cannot translate {type(node).__name__} to TE")
+
+
+_PROD = te.comm_reducer(lambda a, b: a * b, lambda dtype: tirx.const(1, dtype), name="prod")
+
+
+def _te_index(value: PrimExpr) -> PrimExpr:
+    return value if dtype_of(value) in ("int32", "int64") else tirx.Cast("int64", value)
+
+
+def index_of(values: Sequence[int | PrimExpr]) -> tuple[PrimExpr, ...]:
+    """Normalize an index tuple: python ints become TIR constants."""
+    return tuple(tirx.const(v, "int32") if isinstance(v, int) else v for v in values)

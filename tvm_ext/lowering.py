@@ -1,0 +1,462 @@
+"""Tensor-level lowering on top of the Loop IR: values, kernels, and the shared helpers.
+
+An operator's lowering (registered in ``tvm_ext.ops``) receives ``TensorValue`` inputs and
+returns ``TensorValue`` outputs. A value knows its shape and dtype and how to ``load`` one
+element at an index; it is either
+
+- *fusable*: loading it returns its own Loop IR expression, inlined into the consumer
+  (AutoFuse's KernelBox that "can still fuse"), or
+- *realized*: it was materialized as a stage of the kernel (a kernel input, an output, or
+  a kernel-local intermediate such as a reduction result) and loading it reads memory.
+
+The helpers here do what every op needs, written once: broadcasting, type promotion and
+casting (``pointwise``), reductions (``reduce``), and index-map views (reshape, permute,
+slice, concat, ...). ``KernelBuilder`` turns realized stages into TE computes and one
+PrimFunc.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import tvm
+from tvm import te, tirx
+
+from tvm_ext import loop_ir as L
+from tvm_ext.errors import NotLowerable, ShapeError
+
+Shape = tuple[int, ...]
+Loader = Callable[[tuple], L.LoopExpr]
+
+
+class TensorValue:
+    """A tensor inside a kernel under construction."""
+
+    def __init__(self, shape: Sequence[int], dtype: str, loader: Loader, name: str = "t",
+                 buffer: L.Buffer | None = None):
+        self.shape: Shape = tuple(int(s) for s in shape)
+        self.dtype = str(dtype)
+        self.name = name
+        self.buffer = buffer  # set for realized values: loads read this buffer
+        self._loader = loader
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def load(self, index: Sequence) -> L.LoopExpr:
+        """The Loop IR expression for the element at ``index`` (one index per dimension)."""
+        if len(index) != self.ndim:
+            raise ValueError(f"{self.name}: {len(index)} indices for a {self.ndim}-d tensor")
+        return self._loader(tuple(index))
+
+    def __repr__(self) -> str:
+        kind = "realized" if self.buffer is not None else "fusable"
+        return f"<{kind} {self.name} {list(self.shape)} {self.dtype}>"
+
+
+def scalar(value: float | int | bool, dtype: str) -> TensorValue:
+    """A 0-d constant value (inlined as a literal)."""
+    return TensorValue((), dtype, lambda idx: L.Const(value, dtype), name=f"const_{value}")
+
+
+# --------------------------------------------------------------------------- kernel
+@dataclass(eq=False)
+class Stage:
+    """A realized value: one TE compute (one block of the PrimFunc)."""
+
+    buffer: L.Buffer
+    expr: L.LoopExpr | None = None  # the Loop IR of one element, over the stage's axes
+    axes: tuple = ()
+    is_output: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+
+@dataclass(eq=False)
+class KernelBuilder:
+    """Collects inputs and realized stages of one kernel and builds its PrimFunc.
+
+    Realizing a value creates its TE compute right away (its Loop IR is built over the
+    compute's own index variables), so stages appear in dependence order.
+    """
+
+    name: str
+    inputs: list[L.Buffer] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+    _names: set = field(default_factory=set)
+
+    def unique(self, name: str) -> str:
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "t"
+        out, n = base, 1
+        while out in self._names:
+            out, n = f"{base}_{n}", n + 1
+        self._names.add(out)
+        return out
+
+    def add_input(self, name: str, shape: Sequence[int], dtype: str) -> TensorValue:
+        buf = L.Buffer(self.unique(name), tuple(int(s) for s in shape), str(dtype))
+        buf.tensor = te.placeholder(buf.shape, buf.dtype, name=buf.name)
+        self.inputs.append(buf)
+        return _buffer_value(buf)
+
+    def realize(self, value: TensorValue, name: str | None = None) -> TensorValue:
+        """Materialize ``value`` as a stage of this kernel (AutoFuse's ``Realize``)."""
+        if value.buffer is not None:
+            return value
+        buf = L.Buffer(self.unique(name or value.name), value.shape, value.dtype)
+        stage = Stage(buf)
+
+        def body(*axes):
+            stage.axes = axes
+            stage.expr = value.load(axes)
+            if stage.expr.dtype != value.dtype:
+                raise TypeError(f"{buf.name}: body is {stage.expr.dtype}, stage is {value.dtype}")
+            return L.to_te(stage.expr)
+
+        buf.tensor = te.compute(buf.shape, body, name=buf.name)
+        self.stages.append(stage)
+        realized = _buffer_value(buf)
+        return realized
+
+    def store(self, value: TensorValue, name: str) -> Stage:
+        """Make ``value`` a kernel output (realizing it if needed; never an input alias)."""
+        is_input = value.buffer is not None and any(value.buffer is b for b in self.inputs)
+        stage = self._stage_of(value)
+        if is_input or stage is None or stage.is_output:
+            copy = TensorValue(value.shape, value.dtype, value.load, name)
+            stage = self._stage_of(self.realize(copy, name))
+        stage.is_output = True
+        return stage
+
+    def _stage_of(self, value: TensorValue) -> Stage | None:
+        if value.buffer is None:
+            return None
+        return next((s for s in self.stages if s.buffer is value.buffer), None)
+
+    @property
+    def outputs(self) -> list[Stage]:
+        return [s for s in self.stages if s.is_output]
+
+    def build(self, outputs: Sequence[Stage]) -> tirx.PrimFunc:
+        """One PrimFunc: inputs, then ``outputs`` in order; other stages are kernel-local."""
+        tensors = [b.tensor for b in self.inputs] + [s.buffer.tensor for s in outputs]
+        func = te.create_prim_func(tensors)
+        return func.with_attr("global_symbol", self.name)
+
+    def describe(self) -> str:
+        """The kernel's Loop IR, one stage per line."""
+        lines = [f"kernel {self.name}({', '.join(b.name for b in self.inputs)})"]
+        for s in self.stages:
+            tag = "store" if s.is_output else "local"
+            axes = ", ".join(str(a) for a in s.axes)
+            lines.append(f"  {tag} {s.name}[{axes}] = {L.format_expr(s.expr)}")
+        return "\n".join(lines)
+
+
+def _buffer_value(buf: L.Buffer) -> TensorValue:
+    return TensorValue(buf.shape, buf.dtype, lambda idx: L.Load(buf, tuple(idx)), buf.name, buf)
+
+
+# --------------------------------------------------------------------------- broadcast
+def broadcast_shapes(*shapes: Sequence[int], node: str = "") -> Shape:
+    """Numpy broadcasting of several shapes, with an error naming the node."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for d in range(ndim):
+        dims = {s[len(s) - ndim + d] for s in shapes if len(s) - ndim + d >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ShapeError(f"{node}: shapes {' and '.join(str(list(s)) for s in shapes)} do not "
+                             f"broadcast (dimension {d} is {sorted(dims)})")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def broadcast_to(value: TensorValue, shape: Sequence[int]) -> TensorValue:
+    """View of ``value`` broadcast to ``shape``: size-1 and missing dims read index 0."""
+    shape = tuple(int(s) for s in shape)
+    if value.shape == shape:
+        return value
+    lead = len(shape) - value.ndim
+    if lead < 0:
+        raise ShapeError(f"cannot broadcast {list(value.shape)} to {list(shape)}")
+    for d, s in enumerate(value.shape):
+        if s != 1 and s != shape[lead + d]:
+            raise ShapeError(f"cannot broadcast {list(value.shape)} to {list(shape)}")
+
+    def loader(idx):
+        return value.load([0 if value.shape[d] == 1 else idx[lead + d] for d in range(value.ndim)])
+
+    return TensorValue(shape, value.dtype, loader, value.name)
+
+
+def cast_value(value: TensorValue, dtype: str) -> TensorValue:
+    if value.dtype == dtype:
+        return value
+    return TensorValue(value.shape, dtype, lambda idx: L.cast(value.load(idx), dtype), value.name)
+
+
+# --------------------------------------------------------------------------- pointwise
+def pointwise(fn: Callable[..., L.LoopExpr], inputs: Sequence[TensorValue], out_dtype: str,
+              name: str = "pointwise", promote: bool = True) -> TensorValue:
+    """Broadcast ``inputs``, cast them to their promoted compute dtype, apply ``fn``, cast the
+    result to ``out_dtype``. ``fn`` is the op's scalar compute alone."""
+    shape = broadcast_shapes(*[v.shape for v in inputs], node=name)
+    views = [broadcast_to(v, shape) for v in inputs]
+    dtype = L.compute_dtype(L.promote_dtypes(*[v.dtype for v in inputs])) if promote else None
+
+    def loader(idx):
+        args = [v.load(idx) for v in views]
+        if dtype is not None:
+            args = [L.cast(a, dtype) for a in args]
+        return L.cast(fn(*args), out_dtype)
+
+    return TensorValue(shape, out_dtype, loader, name)
+
+
+# --------------------------------------------------------------------------- reduce
+def normalize_axes(axes: Sequence[int] | None, ndim: int, node: str = "") -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(ndim))
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1):
+            raise ShapeError(f"{node}: axis {a} out of range for a {ndim}-d tensor")
+        out.append(a % ndim if ndim else 0)
+    return tuple(sorted(set(out)))
+
+
+def reduce_stage(kb: KernelBuilder, shape: Sequence[int], extents: Sequence[int],
+                 body: Callable[[tuple, list], L.LoopExpr], kind: str, acc_dtype: str,
+                 name: str) -> TensorValue:
+    """Realize ``shape`` where element ``idx`` reduces ``body(idx, ks)`` over reduce axes ``ks``
+    of the given ``extents`` (a kernel-local stage, or an output if stored later)."""
+    def loader(idx):
+        ks = [te.reduce_axis((0, int(n)), name=f"k{j}") for j, n in enumerate(extents)]
+        expr = L.cast(body(idx, [k.var for k in ks]), acc_dtype)
+        return L.Reduce(kind, expr, tuple(ks))
+
+    return kb.realize(TensorValue(shape, acc_dtype, loader, name), name)
+
+
+def reduce(kb: KernelBuilder, value: TensorValue, axes: Sequence[int] | None, kind: str,
+           keepdims: bool, out_dtype: str, name: str = "reduce") -> TensorValue:
+    """Reduce ``value`` over ``axes``; the result is realized as a stage of ``kb``.
+
+    Half precision accumulates in float32; the returned view casts to ``out_dtype``.
+    """
+    axes = normalize_axes(axes, value.ndim, name)
+    out_shape = tuple(1 if d in axes else s for d, s in enumerate(value.shape) if keepdims or d not in axes)
+    kept = [d for d in range(value.ndim) if d not in axes]
+
+    def body(idx, ks):
+        full = [None] * value.ndim
+        spatial = [idx[d] for d in kept] if keepdims else list(idx)
+        for d, i in zip(kept, spatial):
+            full[d] = i
+        for d, k in zip(axes, ks):
+            full[d] = k
+        return value.load(full)
+
+    staged = reduce_stage(kb, out_shape, [value.shape[d] for d in axes], body, kind,
+                          L.compute_dtype(out_dtype), name)
+    return cast_value(staged, out_dtype)
+
+
+# --------------------------------------------------------------------------- views
+def view(value: TensorValue, shape: Sequence[int], index_map: Callable[[tuple], Sequence],
+         name: str | None = None) -> TensorValue:
+    """A view: element ``idx`` of the result is element ``index_map(idx)`` of ``value``."""
+    return TensorValue(shape, value.dtype, lambda idx: value.load(tuple(index_map(idx))),
+                       name or value.name)
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def reshape(value: TensorValue, shape: Sequence[int]) -> TensorValue:
+    shape = tuple(int(s) for s in shape)
+    if math.prod(shape) != value.size:
+        raise ShapeError(f"cannot reshape {list(value.shape)} ({value.size} elements) to {list(shape)}")
+    if shape == value.shape:
+        return value
+    src = [s for s in value.shape if s != 1]
+    dst = [s for s in shape if s != 1]
+    if src == dst:  # only unit dims move: a pure re-indexing, no div/mod
+        keep = [d for d, s in enumerate(shape) if s != 1]
+        return view(value, shape, lambda idx: _squeeze_index(idx, keep, value.shape))
+    out_strides, in_strides = _strides(shape), _strides(value.shape)
+
+    def index_map(idx):
+        flat = sum((i * s for i, s in zip(idx, out_strides) if s and _nonunit(i)), tirx.const(0, "int32"))
+        return [tirx.floormod(tirx.floordiv(flat, st), dim) if dim != 1 else 0
+                for st, dim in zip(in_strides, value.shape)]
+
+    return view(value, shape, index_map)
+
+
+def _nonunit(i) -> bool:
+    return not (isinstance(i, int) and i == 0)
+
+
+def _squeeze_index(idx, keep, in_shape):
+    it = iter(idx[d] for d in keep)
+    return [0 if s == 1 else next(it) for s in in_shape]
+
+
+def permute(value: TensorValue, axes: Sequence[int] | None) -> TensorValue:
+    axes = list(range(value.ndim))[::-1] if axes is None else [int(a) % value.ndim for a in axes]
+    if sorted(axes) != list(range(value.ndim)):
+        raise ShapeError(f"permutation {axes} is not a permutation of {value.ndim} axes")
+    inverse = [axes.index(d) for d in range(value.ndim)]
+    return view(value, [value.shape[a] for a in axes], lambda idx: [idx[inverse[d]] for d in range(value.ndim)])
+
+
+def expand_dims(value: TensorValue, axes: Sequence[int]) -> TensorValue:
+    ndim = value.ndim + len(axes)
+    new = sorted(int(a) % ndim for a in axes)
+    shape, it = [], iter(value.shape)
+    for d in range(ndim):
+        shape.append(1 if d in new else next(it))
+    keep = [d for d in range(ndim) if d not in new]
+    return view(value, shape, lambda idx: [idx[d] for d in keep])
+
+
+def squeeze(value: TensorValue, axes: Sequence[int] | None) -> TensorValue:
+    if axes is None:
+        drop = [d for d, s in enumerate(value.shape) if s == 1]
+    else:
+        drop = [int(a) % value.ndim for a in axes]
+        bad = [d for d in drop if value.shape[d] != 1]
+        if bad:
+            raise ShapeError(f"cannot squeeze axis {bad[0]} of size {value.shape[bad[0]]}")
+    shape = [s for d, s in enumerate(value.shape) if d not in drop]
+
+    def index_map(idx):
+        it = iter(idx)
+        return [0 if d in drop else next(it) for d in range(value.ndim)]
+
+    return view(value, shape, index_map)
+
+
+def strided_slice(value: TensorValue, axes: Sequence[int], begin: Sequence[int],
+                  end: Sequence[int], strides: Sequence[int] | None = None) -> TensorValue:
+    strides = list(strides) if strides else [1] * len(axes)
+    starts, steps, shape = [0] * value.ndim, [1] * value.ndim, list(value.shape)
+    for a, b, e, st in zip(axes, begin, end, strides):
+        a = int(a) % value.ndim
+        n = value.shape[a]
+        b, e, st = int(b), int(e), int(st)
+        if st == 0:
+            raise ShapeError("strided_slice with stride 0")
+        b, e = _clamp_slice(b, e, st, n)
+        shape[a] = max(0, -(-(e - b) // st)) if st > 0 else max(0, -(-(b - e) // -st))
+        starts[a], steps[a] = b, st
+    return view(value, shape, lambda idx: [s + i * st if (s or st != 1) else i
+                                           for i, s, st in zip(idx, starts, steps)])
+
+
+def _clamp_slice(b: int, e: int, st: int, n: int) -> tuple[int, int]:
+    if b < 0:
+        b += n
+    if e < 0:
+        e += n
+    if st > 0:
+        return min(max(b, 0), n), min(max(e, 0), n)
+    return min(max(b, -1), n - 1), min(max(e, -1), n - 1)
+
+
+def concat(values: Sequence[TensorValue], axis: int, node: str = "concat") -> TensorValue:
+    """Concatenation: a guarded select over the inputs along ``axis`` (reads only one)."""
+    first = values[0]
+    axis = int(axis) % first.ndim
+    for v in values[1:]:
+        if v.ndim != first.ndim or any(a != b for d, (a, b) in enumerate(zip(v.shape, first.shape)) if d != axis):
+            raise ShapeError(f"{node}: cannot concatenate {list(first.shape)} and {list(v.shape)} on axis {axis}")
+    offsets = [0]
+    for v in values:
+        offsets.append(offsets[-1] + v.shape[axis])
+    shape = list(first.shape)
+    shape[axis] = offsets[-1]
+    dtype = first.dtype
+
+    def loader(idx):
+        i = idx[axis]
+        expr = None
+        for k in range(len(values) - 1, -1, -1):
+            shifted = list(idx)
+            shifted[axis] = i - offsets[k] if offsets[k] else i
+            part = values[k].load(shifted)
+            if expr is None:
+                expr = part
+            else:
+                cond = L.IndexValue(i < offsets[k + 1], "bool")
+                expr = L.Select(cond, part, expr, guarded=True)
+        return expr
+
+    return TensorValue(shape, dtype, loader, node)
+
+
+def take(value: TensorValue, indices: TensorValue, axis: int | None) -> TensorValue:
+    """Gather along ``axis`` with a data-dependent index (``indices`` is loaded per element)."""
+    if axis is None:
+        value = reshape(value, (value.size,))
+        axis = 0
+    axis = int(axis) % value.ndim
+    shape = value.shape[:axis] + indices.shape + value.shape[axis + 1:]
+    n = value.shape[axis]
+
+    def loader(idx):
+        pos = indices.load(idx[axis:axis + indices.ndim])
+        pos = L.cast(pos, "int64")
+        wrapped = L.Select(L.less(pos, L.Const(0, "int64")), pos + n, pos)
+        full = list(idx[:axis]) + [wrapped] + list(idx[axis + indices.ndim:])
+        return value.load(full)
+
+    return TensorValue(shape, value.dtype, loader, "take")
+
+
+def pad(value: TensorValue, pad_before: Sequence[int], pad_after: Sequence[int],
+        pad_value: float = 0.0) -> TensorValue:
+    """Constant padding: a guarded select that never reads out of bounds."""
+    shape = [s + b + a for s, b, a in zip(value.shape, pad_before, pad_after)]
+    fill = L.Const(pad_value, value.dtype)
+
+    def loader(idx):
+        conds, src = [], []
+        for i, b, a, s in zip(idx, pad_before, pad_after, value.shape):
+            src.append(i - b if b else i)
+            if b:
+                conds.append(i >= b)
+            if a:
+                conds.append(i < b + s)
+        inner = value.load(src)
+        if not conds:
+            return inner
+        return L.Select(L.IndexValue(tirx.all(*conds), "bool"), inner, fill, guarded=True)
+
+    return TensorValue(shape, value.dtype, loader, "pad")
+
+
+def full(shape: Sequence[int], value: float | int | bool, dtype: str) -> TensorValue:
+    return TensorValue(shape, dtype, lambda idx: L.Const(value, dtype), "full")
+
+
+def check_no_lowering(condition: bool, why: str) -> None:
+    """Raise ``NotLowerable`` (the op falls back to TVM's legalization) when ``condition``."""
+    if condition:
+        raise NotLowerable(why)

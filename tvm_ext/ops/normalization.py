@@ -1,0 +1,108 @@
+"""Composite ops lowered to primitives: softmax, log_softmax, layer_norm, rms_norm,
+batch_norm (inference). Their reductions are kernel-local stages; the rest fuses."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tvm_ext import loop_ir as L
+from tvm_ext.lowering import TensorValue, check_no_lowering, normalize_axes, pointwise, reduce, view
+from tvm_ext.ops.reduction import mean, variance
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OpNode, register_op
+
+
+def along(param: TensorValue, ndim: int, axes: Sequence[int], full_shape: Sequence[int]) -> TensorValue:
+    """View a parameter whose dims are ``axes`` of an ``ndim``-d tensor, 1 elsewhere."""
+    shape = [full_shape[d] if d in axes else 1 for d in range(ndim)]
+    if param.ndim != len(axes):
+        raise ValueError(f"parameter of shape {list(param.shape)} does not match axes {list(axes)}")
+    return view(param, shape, lambda idx: [idx[a] for a in axes])
+
+
+@register_op("relax.nn.softmax", OpPattern.OUT_EWISE_FUSABLE)
+def _softmax(node: OpNode) -> TensorValue:
+    """exp(x - max) / sum(exp(x - max)); the exp is recomputed, not stored."""
+    x = node.args[0]
+    axis = normalize_axes([node.attr("axis")], x.ndim, node.name)
+    cdt = L.compute_dtype(node.out_dtype)
+    m = reduce(node.kb, x, axis, "max", True, cdt, node.name + "_max")
+    e = pointwise(lambda v, mu: L.exp(v - mu), [x, m], cdt, node.name + "_exp")
+    s = reduce(node.kb, e, axis, "sum", True, cdt, node.name + "_sum")
+    return pointwise(lambda v, t: v / t, [e, s], node.out_dtype, node.name)
+
+
+@register_op("relax.nn.log_softmax", OpPattern.OUT_EWISE_FUSABLE)
+def _log_softmax(node: OpNode) -> TensorValue:
+    """x - max - log(sum(exp(x - max)))."""
+    x = node.args[0]
+    axis = normalize_axes([node.attr("axis")], x.ndim, node.name)
+    cdt = L.compute_dtype(node.out_dtype)
+    m = reduce(node.kb, x, axis, "max", True, cdt, node.name + "_max")
+    e = pointwise(lambda v, mu: L.exp(v - mu), [x, m], cdt, node.name + "_exp")
+    s = reduce(node.kb, e, axis, "sum", True, cdt, node.name + "_sum")
+    return pointwise(lambda v, mu, t: v - mu - L.log(t), [x, m, s], node.out_dtype, node.name)
+
+
+@register_op("relax.nn.layer_norm", OpPattern.OUT_EWISE_FUSABLE)
+def _layer_norm(node: OpNode) -> TensorValue:
+    """(x - mean) * rsqrt(var + eps) * gamma + beta over ``axes``."""
+    x, gamma, beta = node.args
+    axes = normalize_axes(node.attr("axes"), x.ndim, node.name)
+    eps = float(node.attr("epsilon"))
+    cdt = L.compute_dtype(node.out_dtype)
+    mu = mean(node, x, axes, True, cdt)
+    var = variance(node, x, axes, True, cdt, m=mu)
+    norm = pointwise(lambda v, m, s: (v - m) * L.rsqrt(s + eps), [x, mu, var], cdt, node.name + "_norm")
+    parts = [norm]
+    if node.attr("scale", True):
+        parts.append(along(gamma, x.ndim, axes, x.shape))
+    if node.attr("center", True):
+        parts.append(along(beta, x.ndim, axes, x.shape))
+
+    def affine(n, *gb):
+        out = n
+        if node.attr("scale", True):
+            out = out * gb[0]
+        if node.attr("center", True):
+            out = out + gb[-1]
+        return out
+
+    return pointwise(affine, parts, node.out_dtype, node.name)
+
+
+@register_op("relax.nn.rms_norm", OpPattern.OUT_EWISE_FUSABLE)
+def _rms_norm(node: OpNode) -> TensorValue:
+    """x * rsqrt(mean(x^2) + eps) * weight over ``axes``."""
+    x, weight = node.args
+    axes = normalize_axes(node.attr("axes"), x.ndim, node.name)
+    eps = float(node.attr("epsilon"))
+    cdt = L.compute_dtype(node.out_dtype)
+    sq = pointwise(lambda v: v * v, [x], cdt, node.name + "_sq")
+    ms = mean(node, sq, axes, True, cdt)
+    w = along(weight, x.ndim, axes, x.shape)
+    return pointwise(lambda v, m, g: v * L.rsqrt(m + eps) * g, [x, ms, w], node.out_dtype, node.name)
+
+
+@register_op("relax.nn.batch_norm", OpPattern.BROADCAST)
+def _batch_norm(node: OpNode) -> list[TensorValue]:
+    """Inference: (x - moving_mean) * rsqrt(moving_var + eps) * gamma + beta on ``axis``.
+
+    Returns (out, moving_mean, moving_var) as Relax does; training mode keeps TVM's kernel.
+    """
+    check_no_lowering(bool(node.attr("training", False)), "batch_norm in training mode")
+    x, gamma, beta, mean_, var_ = node.args
+    axis = normalize_axes([node.attr("axis")], x.ndim, node.name)
+    eps = float(node.attr("epsilon"))
+    scale, center = bool(node.attr("scale", True)), bool(node.attr("center", True))
+    g, b, m, v = (along(p, x.ndim, axis, x.shape) for p in (gamma, beta, mean_, var_))
+
+    def fn(xv, gv, bv, mv, vv):
+        out = (xv - mv) * L.rsqrt(vv + eps)
+        if scale:
+            out = out * gv
+        if center:
+            out = out + bv
+        return out
+
+    out = pointwise(fn, [x, g, b, m, v], node.out_dtypes[0], node.name)
+    return [out, mean_, var_]

@@ -1,0 +1,78 @@
+"""Reductions (CommReduce): sum, mean, max, min, prod, variance, std.
+
+Each reduction result is realized as a stage of its kernel (AutoFuse stop rule 1); the
+pointwise work around it (the 1/N of a mean) stays fusable.
+"""
+from __future__ import annotations
+
+from tvm_ext import loop_ir as L
+from tvm_ext.lowering import TensorValue, normalize_axes, pointwise, reduce
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OpNode, register_op
+
+
+def _axes(node: OpNode, x: TensorValue) -> tuple[int, ...]:
+    axis = node.attr("axis")
+    return normalize_axes(None if axis is None else [int(a) for a in axis], x.ndim, node.name)
+
+
+def _keepdims(node: OpNode) -> bool:
+    return bool(node.attr("keepdims", False))
+
+
+def _count(x: TensorValue, axes) -> int:
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return n
+
+
+def _simple(kind: str):
+    def lower(node: OpNode) -> TensorValue:
+        x = node.args[0]
+        return reduce(node.kb, x, _axes(node, x), kind, _keepdims(node), node.out_dtype, node.name)
+    lower.__doc__ = f"Reduce with {kind} over the given axes."
+    return lower
+
+
+for _kind in ("sum", "max", "min", "prod"):
+    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind))
+
+
+def mean(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str) -> TensorValue:
+    """sum(x) * (1/N), the scale fused into the consumer."""
+    total = reduce(node.kb, x, axes, "sum", keepdims, L.compute_dtype(out_dtype), node.name + "_sum")
+    scale = 1.0 / _count(x, axes)
+    return pointwise(lambda s: s * scale, [total], out_dtype, node.name)
+
+
+def variance(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str,
+             m: TensorValue | None = None) -> TensorValue:
+    """Population variance, two-pass: mean((x - m)^2) with m = mean(x) (kept dims) if not given."""
+    cdt = L.compute_dtype(out_dtype)
+    if m is None:
+        m = mean(node, x, axes, True, cdt)
+    sq = pointwise(lambda v, mu: (v - mu) * (v - mu), [x, m], cdt, node.name + "_sq")
+    return mean(node, sq, axes, keepdims, out_dtype)
+
+
+@register_op("relax.mean", OpPattern.COMM_REDUCE)
+def _mean(node: OpNode) -> TensorValue:
+    """Arithmetic mean over the given axes."""
+    x = node.args[0]
+    return mean(node, x, _axes(node, x), _keepdims(node), node.out_dtype)
+
+
+@register_op("relax.variance", OpPattern.COMM_REDUCE)
+def _variance(node: OpNode) -> TensorValue:
+    """Population variance (ddof=0) over the given axes."""
+    x = node.args[0]
+    return variance(node, x, _axes(node, x), _keepdims(node), node.out_dtype)
+
+
+@register_op("relax.std", OpPattern.COMM_REDUCE)
+def _std(node: OpNode) -> TensorValue:
+    """Population standard deviation over the given axes."""
+    x = node.args[0]
+    v = variance(node, x, _axes(node, x), _keepdims(node), L.compute_dtype(node.out_dtype))
+    return pointwise(L.sqrt, [v], node.out_dtype, node.name)

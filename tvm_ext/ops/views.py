@@ -1,0 +1,102 @@
+"""View ops (Broadcast / Injective): each is an index map on its input's loads, no compute.
+
+reshape, expand_dims, squeeze and flatten are marked ``view``: alone, they stay TVM's
+zero-copy reshape instead of becoming a copy kernel.
+"""
+from __future__ import annotations
+
+from tvm_ext import lowering as lw
+from tvm_ext.lowering import TensorValue, check_no_lowering
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OpNode, register_op
+
+
+@register_op("relax.broadcast_to", OpPattern.BROADCAST)
+def _broadcast_to(node: OpNode) -> TensorValue:
+    """Size-1 dims read index 0."""
+    return lw.broadcast_to(node.args[0], node.out_shape)
+
+
+@register_op("relax.reshape", OpPattern.INJECTIVE, view=True)
+def _reshape(node: OpNode) -> TensorValue:
+    """Row-major re-indexing (div/mod only when non-unit dims change)."""
+    return lw.reshape(node.args[0], node.out_shape)
+
+
+@register_op("relax.flatten", OpPattern.INJECTIVE, view=True)
+def _flatten(node: OpNode) -> TensorValue:
+    """Reshape to one dimension."""
+    return lw.reshape(node.args[0], node.out_shape)
+
+
+@register_op("relax.expand_dims", OpPattern.INJECTIVE, view=True)
+def _expand_dims(node: OpNode) -> TensorValue:
+    """Insert unit dims."""
+    return lw.expand_dims(node.args[0], [int(a) for a in node.attr("axis")])
+
+
+@register_op("relax.squeeze", OpPattern.INJECTIVE, view=True)
+def _squeeze(node: OpNode) -> TensorValue:
+    """Drop unit dims."""
+    axis = node.attr("axis")
+    return lw.squeeze(node.args[0], None if axis is None else [int(a) for a in axis])
+
+
+@register_op("relax.permute_dims", OpPattern.INJECTIVE)
+def _permute_dims(node: OpNode) -> TensorValue:
+    """Transpose: output index d reads input index axes[d]."""
+    axes = node.attr("axes")
+    return lw.permute(node.args[0], None if axes is None else [int(a) for a in axes])
+
+
+@register_op("relax.strided_slice", OpPattern.INJECTIVE)
+def _strided_slice(node: OpNode) -> TensorValue:
+    """begin + i * stride along the sliced axes."""
+    x, axes, begin, end = node.args[:4]
+    strides = node.args[4] if len(node.args) > 4 else None
+    out = lw.strided_slice(x, axes, begin, end, strides)
+    check_no_lowering(out.shape != tuple(node.out_shape), f"slice shape {out.shape} != {node.out_shape}")
+    return out
+
+
+@register_op("relax.concat", OpPattern.INJECTIVE)
+def _concat(node: OpNode) -> TensorValue:
+    """A guarded select over the inputs along the axis."""
+    values = node.args[0]
+    axis = node.attr("axis")
+    check_no_lowering(axis is None, "concat without an axis (flattening) is left to TVM")
+    return lw.concat(values, int(axis), node.name)
+
+
+@register_op("relax.split", OpPattern.INJECTIVE)
+def _split(node: OpNode) -> list[TensorValue]:
+    """Several slices of one input (a multi-output op)."""
+    x = node.args[0]
+    axis = int(node.attr("axis")) % x.ndim
+    outs, start = [], 0
+    for shape in node.out_shapes:
+        end = start + shape[axis]
+        outs.append(lw.strided_slice(x, [axis], [start], [end]))
+        start = end
+    return outs
+
+
+@register_op("relax.take", OpPattern.INJECTIVE)
+def _take(node: OpNode) -> TensorValue:
+    """Gather along an axis with indices loaded from a tensor (negative indices wrap)."""
+    x, indices = node.args
+    mode = str(node.attr("mode", "fast"))
+    check_no_lowering(mode not in ("fast", "wrap", "clip"), f"take mode {mode}")
+    check_no_lowering(mode != "fast", f"take mode {mode} is left to TVM")
+    axis = node.attr("axis")
+    return lw.take(x, indices, None if axis is None else int(axis))
+
+
+@register_op("relax.nn.pad", OpPattern.INJECTIVE)
+def _pad(node: OpNode) -> TensorValue:
+    """Constant padding; other modes keep TVM's kernel."""
+    x = node.args[0]
+    check_no_lowering(str(node.attr("pad_mode", "constant")) != "constant", "non-constant pad")
+    widths = [int(w) for w in node.attr("pad_width")]
+    value = node.attr("pad_value", 0)
+    return lw.pad(x, widths[0::2], widths[1::2], float(value))

@@ -1,0 +1,113 @@
+"""The op registry: one typed entry per Relax op with everything the compiler knows of it.
+
+An ``OpDef`` holds the op's fuse pattern (one of the six NNVM kinds), its Loop-IR lowering,
+and room for its gradient and in-place option. Entries are registered in the modules of
+``tvm_ext.ops`` (one file per family), which ``tvm_ext.ops`` imports explicitly: the set of
+ops never depends on who imported what first, and registering a name twice is an error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence, Union
+
+from tvm import relax
+
+from tvm_ext.lowering import KernelBuilder, TensorValue
+from tvm_ext.patterns import OpPattern
+
+
+@dataclass
+class OpNode:
+    """What a lowering sees of one Relax call: converted arguments, attributes, output types."""
+
+    name: str  # the binding's variable name, for error messages
+    op: str
+    args: tuple  # TensorValue, list of TensorValue (tuples), or plain python values
+    attrs: Any  # the Relax attrs object, or None
+    out_shapes: list[tuple[int, ...]]
+    out_dtypes: list[str]
+    kb: KernelBuilder
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.out_shapes[0]
+
+    @property
+    def out_dtype(self) -> str:
+        return self.out_dtypes[0]
+
+    @property
+    def tensors(self) -> list[TensorValue]:
+        return [a for a in self.args if isinstance(a, TensorValue)]
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        if self.attrs is None:
+            return default
+        return getattr(self.attrs, key, default)
+
+
+Lowering = Callable[[OpNode], Union[TensorValue, Sequence[TensorValue]]]
+PatternRule = Union[OpPattern, Callable[[relax.Call], OpPattern]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything the compiler knows about one Relax op."""
+
+    name: str  # Relax op name, e.g. "relax.add"
+    pattern: PatternRule  # fixed, or computed from the call (e.g. ElemWise vs Broadcast)
+    lower: Lowering | None = None  # Loop-IR lowering; None keeps TVM's legalization
+    gradient: Callable | None = None  # symbolic gradient (the autodiff issue fills these)
+    inplace: tuple[tuple[int, int], ...] = ()  # (input, output) pairs that may share memory
+    view: bool = False  # a pure re-indexing that TVM can turn into a zero-copy reshape
+    doc: str = ""
+    tags: frozenset = field(default_factory=frozenset)
+
+    def pattern_of(self, call: relax.Call) -> OpPattern:
+        return self.pattern(call) if callable(self.pattern) else self.pattern
+
+
+class OpRegistry:
+    """A name -> ``OpDef`` table. Explicit and typed; no string attributes fetched at random."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, OpDef] = {}
+
+    def register(self, opdef: OpDef) -> OpDef:
+        if opdef.name in self._ops:
+            raise ValueError(f"op {opdef.name} is registered twice")
+        self._ops[opdef.name] = opdef
+        return opdef
+
+    def get(self, name: str) -> OpDef | None:
+        return self._ops.get(name)
+
+    def __getitem__(self, name: str) -> OpDef:
+        return self._ops[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._ops
+
+    def __iter__(self) -> Iterator[OpDef]:
+        return iter(self._ops.values())
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def names(self) -> list[str]:
+        return sorted(self._ops)
+
+
+OPS = OpRegistry()
+
+
+def register_op(name: str, pattern: PatternRule, lower: Lowering | None = None, **kw) -> Any:
+    """Register ``name`` in ``OPS``; without ``lower`` it decorates the lowering function."""
+    if lower is not None:
+        return OPS.register(OpDef(name, pattern, lower, **kw))
+
+    def decorate(fn: Lowering) -> Lowering:
+        OPS.register(OpDef(name, pattern, fn, doc=kw.pop("doc", fn.__doc__ or ""), **kw))
+        return fn
+
+    return decorate
