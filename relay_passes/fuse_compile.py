@@ -21,7 +21,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from relay_passes.grouping import substitute
 from tvm_ext import attrs
 from tvm_ext.errors import CompileError, NotLowerable
-from tvm_ext.loop_ir import SUPPORTED_DTYPES, Const
+from tvm_ext.loop_ir import SUPPORTED_DTYPES, Const, dtype_of
 from tvm_ext.lowering import KernelBuilder, TensorValue
 from tvm_ext.registry import OPS, OpNode, OpRegistry
 
@@ -202,7 +202,7 @@ def _convert(arg, env: dict, kb: KernelBuilder, const_args: list):
             raise NotLowerable(f"symbolic shape argument {arg}")
         return tuple(int(d) for d in arg.values)
     if isinstance(arg, (tirx.IntImm, tirx.FloatImm)):
-        return bool(arg.value) if str(arg.dtype) == "bool" else arg.value
+        return bool(arg.value) if dtype_of(arg) == "bool" else arg.value
     if isinstance(arg, tvm.ir.StringImm):
         return arg.value
     raise NotLowerable(f"argument of kind {type(arg).__name__}")

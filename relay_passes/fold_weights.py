@@ -1,0 +1,53 @@
+"""FoldWeightLayout: evaluate layout ops on constants at compile time.
+
+Imported models transpose their weights in the graph (``permute_dims(W)`` before a
+matmul). Folding that once at compile time removes a kernel and a full read and write of
+the weight from every call. TVM's ``FoldConstant`` would do it too, but it also
+materializes ``broadcast_to`` of constants (a weight broadcast over the batch grows by
+the batch size), so this pass folds only ops that keep the constant's size.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+_FOLDABLE = {
+    "relax.permute_dims": lambda a, c: np.transpose(a, None if c.attrs.axes is None else [int(x) for x in c.attrs.axes]),
+    "relax.reshape": lambda a, c: a.reshape([int(d) for d in c.args[1].values]),
+    "relax.expand_dims": lambda a, c: np.expand_dims(a, tuple(int(x) for x in c.attrs.axis)),
+    "relax.squeeze": lambda a, c: np.squeeze(a, None if c.attrs.axis is None else tuple(int(x) for x in c.attrs.axis)),
+    "relax.astype": lambda a, c: a.astype(str(c.attrs.dtype)),
+}
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="FoldWeightLayout")
+class FoldWeightLayout:
+    """Replace ``op(constant)`` by a new constant for size-preserving layout ops."""
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        folder = _Folder(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                folder.builder_.update_func(gv, folder.visit_expr(func))
+        return folder.builder_.get()
+
+
+@mutator
+class _Folder(PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _FOLDABLE and call.args):
+            return call
+        arg = call.args[0]
+        if isinstance(arg, relax.Var):
+            bound = self.lookup_binding(arg)
+            arg = arg if bound is None else bound
+        if not isinstance(arg, tvm.ir.GenericConst) or not isinstance(call.ty, relax.TensorType):
+            return call
+        try:
+            data = _FOLDABLE[call.op.name](arg.value.numpy(), call)
+        except (TypeError, ValueError, AttributeError):
+            return call
+        return relax.const(np.ascontiguousarray(data), str(call.ty.dtype))

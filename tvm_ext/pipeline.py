@@ -1,0 +1,173 @@
+"""The pipeline: frontend -> graph passes -> schedules -> build -> runtime.
+
+``compile(model, ...)`` is the one entry point users call; ``Pipeline`` holds its
+configuration and exposes each stage (``import_``, ``lower``, ``build``) for those who want
+to look at the module between them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import tvm
+from tvm import relax
+
+from relay_passes.fold_weights import FoldWeightLayout
+from relay_passes.fuse_compile import FuseCompile
+from relay_passes.grouping import MakeGroups
+from relay_passes.partition import PARTITIONERS
+from schedules import ScheduleKernels
+from schedules.default import ScheduleConfig
+from tvm_ext.compiled_model import CompiledModel, signature_of
+from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
+from tvm_ext.frontends import import_model
+from tvm_ext.registry import OPS
+from tvm_ext.report import Decision, FusionReport, kernels_of
+from tvm_ext.target import resolve_target
+
+#: dtypes any path of this compiler can build on CPU (ours or TVM's kernels).
+BUILDABLE_DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                              "uint64", "float16", "bfloat16", "float32", "float64"])
+
+#: ops the Relax VM runs itself (no kernel needed after LegalizeOps).
+_VM_OPS_PREFIXES = ("relax.call_", "relax.builtin.", "relax.memory.", "relax.vm.")
+_VM_OPS = frozenset(["relax.null_value", "relax.shape_of", "relax.hint_on_device", "relax.to_vdevice",
+                     "relax.make_closure", "relax.invoke_closure", "relax.invoke_pure_closure",
+                     "relax.tensor_to_shape", "relax.shape_to_tensor", "relax.print", "relax.assert_op",
+                     "relax.reshape"])  # reshape: left by RewriteDataflowReshape, a zero-copy view
+
+FUSION_CHOICES = tuple(PARTITIONERS)
+
+
+@dataclass
+class Pipeline:
+    """Configuration of one compilation; ``run`` does all stages."""
+
+    target: Any = None
+    fusion: str = "chains"  # "chains" (elementwise/broadcast trees) or "none" (one kernel per op)
+    passes: Sequence[tvm.ir.transform.Pass] = ()  # user passes run after import, before fusion
+    schedule: bool = True  # give our kernels their default schedule
+    strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.fusion not in PARTITIONERS:
+            raise ValueError(f"unknown fusion {self.fusion!r}; choose one of {FUSION_CHOICES}")
+        self.target = resolve_target(self.target)
+
+    def prepare(self, mod: tvm.IRModule) -> tvm.IRModule:
+        """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
+        check_dtypes(mod)
+        seq = [relax.transform.ConvertToDataflow(), *self.passes, FoldWeightLayout(),
+               relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination()]
+        with self.target:
+            return tvm.transform.Sequential(seq)(mod)
+
+    def lower(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
+        """Fuse and lower: groups -> our kernels, the rest -> TVM's legalization; schedule ours."""
+        groups = MakeGroups(self.fusion)
+        fuse = FuseCompile(strict=self.strict)
+        seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+               relax.transform.RewriteDataflowReshape()]
+        if self.schedule:
+            seq.append(ScheduleKernels(ScheduleConfig.for_target(self.target)))
+        with self.target:
+            lowered = tvm.transform.Sequential(seq)(mod)
+        check_no_unsupported_ops(lowered)
+        return lowered, _report(lowered, groups, fuse)
+
+    def build(self, lowered: tvm.IRModule, source: tvm.IRModule, report: FusionReport) -> CompiledModel:
+        try:
+            executable = tvm.compile(lowered, self.target)
+        except Exception as err:
+            raise CompileError(f"TVM failed to build the lowered module: {_last_line(err)}") from err
+        return CompiledModel(executable, signature_of(source), report, str(self.target))
+
+    def run(self, model: Any, example_inputs: Sequence[Any] | None = None,
+            shape_dict: dict | None = None) -> CompiledModel:
+        t0 = time.perf_counter()
+        mod = import_model(model, example_inputs, shape_dict)
+        t1 = time.perf_counter()
+        prepared = self.prepare(mod)
+        lowered, report = self.lower(prepared)
+        t2 = time.perf_counter()
+        compiled = self.build(lowered, prepared, report)
+        t3 = time.perf_counter()
+        self.timings = {"import": t1 - t0, "passes": t2 - t1, "build": t3 - t2}
+        compiled.lowered_module = lowered
+        return compiled
+
+
+def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
+            fusion: str = "chains", passes: Sequence[tvm.ir.transform.Pass] = (),
+            shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False) -> CompiledModel:
+    """Compile a model to fused, scheduled kernels on the Relax VM.
+
+    ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``),
+    an ONNX ``ModelProto`` or a path to a ``.onnx`` file (with ``shape_dict`` for dynamic
+    inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"chains"``
+    (maximal elementwise/broadcast trees) or ``"none"`` (one kernel per op).
+    """
+    pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict)
+    return pipeline.run(model, example_inputs, shape_dict)
+
+
+# --------------------------------------------------------------------------- checks
+def check_dtypes(mod: tvm.IRModule) -> None:
+    """Every tensor of every Relax function has a dtype some kernel path can build."""
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for p in func.params:
+            _check_dtype(p.ty, f"input '{p.name}' of {gv.name_hint}")
+        for block in func.body.blocks:
+            for b in block.bindings:
+                op = b.value.op.name if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) else ""
+                _check_dtype(b.var.ty, f"node '{b.var.name}'" + (f" ({op})" if op else ""))
+
+
+def _check_dtype(ty, where: str) -> None:
+    if isinstance(ty, relax.TupleType):
+        for f in ty.fields:
+            _check_dtype(f, where)
+        return
+    if isinstance(ty, relax.TensorType) and str(ty.dtype) not in BUILDABLE_DTYPES | {"void"}:
+        raise UnsupportedDtypeError(
+            f"{where} has dtype {ty.dtype}, which this compiler cannot build for CPU "
+            f"(supported: {', '.join(sorted(BUILDABLE_DTYPES))}); cast it with astype first")
+
+
+def check_no_unsupported_ops(mod: tvm.IRModule) -> None:
+    """After LegalizeOps only VM builtins may remain; name any other op and say what to do."""
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks:
+            for b in block.bindings:
+                v = b.value
+                if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+                    continue
+                name = v.op.name
+                if name.startswith(_VM_OPS_PREFIXES) or name in _VM_OPS or v.op.get_attr("FCallPacked"):
+                    continue
+                raise UnsupportedOpError(
+                    f"node '{b.var.name}' in {gv.name_hint} uses {name}, which has no lowering in "
+                    f"tvm_ext and no legalization in TVM. Register a Loop-IR lowering with "
+                    f"tvm_ext.register_op('{name}', pattern, lower=...) or rewrite the model "
+                    "without this op.")
+
+
+def _report(lowered: tvm.IRModule, groups: MakeGroups, fuse: FuseCompile) -> FusionReport:
+    kernels, views = kernels_of(lowered)
+    decisions = []
+    for part in groups.partitions:
+        for d in part.decisions:
+            node = part.graph[d.node]
+            decisions.append(Decision(node.name, (node.op or node.kind).replace("relax.", ""), d.action, d.reason))
+    return FusionReport(kernels, views, decisions, dict(fuse.log.fallbacks))
+
+
+def _last_line(err: Exception) -> str:
+    lines = [l for l in str(err).strip().splitlines() if l.strip()]
+    return lines[-1] if lines else type(err).__name__

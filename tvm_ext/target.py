@@ -1,0 +1,26 @@
+"""The compilation target: by default this machine's CPU with all its cores."""
+from __future__ import annotations
+
+import os
+
+import tvm
+
+
+def host_target(cores: int | None = None) -> tvm.target.Target:
+    """LLVM for the host CPU (its exact mcpu, so AVX-512 is used where present)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    mcpu = tvm.target.codegen.llvm_get_system_cpu()
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": cores})
+
+
+def resolve_target(target: str | dict | tvm.target.Target | None) -> tvm.target.Target:
+    """Accept None (the host), "llvm", a dict, or a Target."""
+    if target is None:
+        return host_target()
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str):
+        if target in ("llvm", "cpu", "host"):
+            return host_target()
+        return tvm.target.Target({"kind": target})
+    return tvm.target.Target(target)
