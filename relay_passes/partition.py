@@ -4,6 +4,7 @@ A ``Partition`` says which nodes form each group and why; ``relay_passes.groupin
 it into grouped Relax functions. The two trivial strategies of the foundation live here:
 
 - ``partition_none``: every op alone (one kernel per op);
+- ``partition_each``: the same, views included (a copy kernel each; for tests);
 - ``partition_chains``: maximal single-consumer trees of ElemWise/Broadcast ops.
 
 Nodes our lowering cannot take (``Node.lowerable`` false) stay outside every group: TVM's
@@ -105,7 +106,18 @@ def _groupable(node: Node) -> bool:
 
 def partition_none(graph: DataflowGraph) -> Partition:
     """Every lowerable op in a group of its own (views alone stay TVM's reshapes)."""
-    sets = [_with_get_items(graph, [n.index]) for n in graph if _groupable(n) and not n.is_view]
+    return _singletons(graph, include_views=False)
+
+
+def partition_each(graph: DataflowGraph) -> Partition:
+    """Every lowerable op in a group of its own, views included (a copy kernel each): shows
+    each op's own lowering, for tests and debugging."""
+    return _singletons(graph, include_views=True)
+
+
+def _singletons(graph: DataflowGraph, include_views: bool) -> Partition:
+    sets = [_with_get_items(graph, [n.index]) for n in graph
+            if _groupable(n) and (include_views or not n.is_view)]
     part = _finish(graph, sets)
     for g in part.groups:
         part.decisions.append(Decision(g.root, "alone", "fusion disabled"))
@@ -153,4 +165,5 @@ def partition_chains(graph: DataflowGraph) -> Partition:
     return part
 
 
-PARTITIONERS: dict[str, Partitioner] = {"none": partition_none, "chains": partition_chains}
+PARTITIONERS: dict[str, Partitioner] = {"none": partition_none, "chains": partition_chains,
+                                         "each": partition_each}

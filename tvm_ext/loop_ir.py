@@ -305,7 +305,8 @@ _SCALAR_OP_LIST = [
     ScalarOp("greater_equal", 2, tirx.GE, boolean=True),
     ScalarOp("logical_and", 2, tirx.And, boolean=True),
     ScalarOp("logical_or", 2, tirx.Or, boolean=True),
-    ScalarOp("logical_xor", 2, lambda a, b: tirx.NE(a, b), boolean=True),
+    # NE on two i1 values makes LLVM's codegen emit a float compare; spell xor out.
+    ScalarOp("logical_xor", 2, lambda a, b: tirx.And(tirx.Or(a, b), tirx.Not(tirx.And(a, b))), boolean=True),
     ScalarOp("logical_not", 1, tirx.Not, boolean=True),
     ScalarOp("bitwise_and", 2, tirx.bitwise_and),
     ScalarOp("bitwise_or", 2, tirx.bitwise_or),

@@ -45,14 +45,14 @@ class Pipeline:
     """Configuration of one compilation; ``run`` does all stages."""
 
     target: Any = None
-    fusion: str = "chains"  # "chains" (elementwise/broadcast trees) or "none" (one kernel per op)
+    fusion: Any = "chains"  # a PARTITIONERS name ("chains", "none", "each") or a partitioner
     passes: Sequence[tvm.ir.transform.Pass] = ()  # user passes run after import, before fusion
     schedule: bool = True  # give our kernels their default schedule
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.fusion not in PARTITIONERS:
+        if not callable(self.fusion) and self.fusion not in PARTITIONERS:
             raise ValueError(f"unknown fusion {self.fusion!r}; choose one of {FUSION_CHOICES}")
         self.target = resolve_target(self.target)
 
@@ -100,14 +100,15 @@ class Pipeline:
 
 
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
-            fusion: str = "chains", passes: Sequence[tvm.ir.transform.Pass] = (),
+            fusion: Any = "chains", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``),
     an ONNX ``ModelProto`` or a path to a ``.onnx`` file (with ``shape_dict`` for dynamic
     inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"chains"``
-    (maximal elementwise/broadcast trees) or ``"none"`` (one kernel per op).
+    (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
+    kernel per op, views included) or a partitioner function (``relay_passes.partition``).
     """
     pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict)
     return pipeline.run(model, example_inputs, shape_dict)
