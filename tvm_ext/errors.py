@@ -32,3 +32,15 @@ class FrontendError(CompileError):
 
 class InputError(CompileError, ValueError):
     """A call-time argument of the wrong count, shape or dtype."""
+
+
+def _register_with_ffi() -> None:
+    """Keep our error types when they cross TVM's FFI (a pass raising inside ``Sequential``)."""
+    import tvm_ffi
+
+    for cls in (CompileError, NotLowerable, ShapeError, UnsupportedOpError, UnsupportedDtypeError,
+                FrontendError, InputError):
+        tvm_ffi.register_error(cls.__name__, cls)
+
+
+_register_with_ffi()

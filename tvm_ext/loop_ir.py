@@ -50,7 +50,9 @@ def _bits(dtype: str) -> int:
 
 
 def promote_dtypes(*dtypes: str) -> str:
-    """The dtype a pointwise op computes in: numpy's promotion on bool < int < float."""
+    """The dtype a pointwise op computes in: PyTorch's promotion (the highest category of
+    bool < int < float wins, then the widest type of that category; int32 + float16 is
+    float16, unlike numpy's float64)."""
     dtypes = [str(d) for d in dtypes]
     floats = [d for d in dtypes if is_float(d)]
     if floats:

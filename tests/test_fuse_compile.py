@@ -1,0 +1,110 @@
+"""FuseCompile: one PrimFunc per group, kernel-local stages, and fallback to TVM's kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import tvm_ext
+from conftest import build_module, compile_strict
+from relay_passes import FuseCompile, MakeGroups
+
+R = relax.op
+
+
+def _prim_funcs(mod):
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+def _blocks(func):
+    from tvm import s_tir
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def test_a_group_becomes_one_prim_func_called_with_call_tir():
+    mod = build_module(lambda x, b: R.nn.gelu(R.multiply(R.add(x, b), relax.const(3.0, "float32"))),
+                       [((4, 8), "float32"), ((8,), "float32")])
+    out = tvm.transform.Sequential([MakeGroups("chains"), FuseCompile(strict=True)])(mod)
+    prims = _prim_funcs(out)
+    assert list(prims) == ["fused_add_multiply_gelu"]
+    assert _blocks(prims["fused_add_multiply_gelu"]) == ["gv"]  # the whole chain is one TE compute
+    calls = [b.value for b in out["main"].body.blocks[0].bindings]
+    assert len(calls) == 1 and calls[0].op.name == "relax.call_tir"
+    assert not [f for f in out.functions.values() if isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})]
+
+
+def test_softmax_is_one_kernel_with_local_reduction_stages():
+    mod = build_module(lambda x: R.nn.softmax(x, axis=-1), [((4, 32), "float32")])
+    out = tvm.transform.Sequential([MakeGroups("chains"), FuseCompile(strict=True)])(mod)
+    (func,) = _prim_funcs(out).values()
+    assert _blocks(func) == ["gv_max", "gv_sum", "gv"]
+    assert len(func.params) == 2  # x in, the result out: the two reductions stay inside
+    text = str(func.attrs["tvm_ext.loop_ir"])
+    assert "local gv_max" in text and "local gv_sum" in text and "store gv" in text
+
+
+def test_constants_become_literals_or_kernel_arguments():
+    w = np.arange(8, dtype="float32")
+    mod = build_module(lambda x: R.add(R.multiply(x, relax.const(2.0, "float32")), relax.const(w)),
+                       [((3, 8), "float32")])
+    out = tvm.transform.Sequential([MakeGroups("chains"), FuseCompile(strict=True)])(mod)
+    (func,) = _prim_funcs(out).values()
+    assert len(func.params) == 3  # x, the (8,) constant as a buffer, the output; 2.0 is a literal
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype("float32")
+    np.testing.assert_allclose(compile_strict(mod, "chains")(x), x * 2 + w, rtol=1e-6)
+
+
+def test_not_lowerable_group_falls_back_to_tvm_kernels():
+    # conv2d in NHWC layout: our lowering declines (NotLowerable), TVM's kernel runs instead.
+    def make(x, w):
+        return R.nn.relu(R.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="HWIO"))
+    mod = build_module(make, [((1, 6, 6, 3), "float32"), ((3, 3, 3, 4), "float32")])
+    compiled = compile_strict(mod, fusion="chains")
+    report = compiled.report()
+    assert any("NCHW" in why for why in report.fallbacks.values()), report.fallbacks
+    sources = {k.ops[0]: k.source for k in report.kernels}
+    assert sources["nn.relu"] == "ours" and "tvm" in sources.values()
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((1, 6, 6, 3)).astype("float32"), rng.standard_normal((3, 3, 3, 4)).astype("float32")
+    ref = np.zeros((1, 4, 4, 4), "float32")
+    for i in range(4):
+        for j in range(4):
+            ref[0, i, j] = np.einsum("abc,abcd->d", x[0, i:i + 3, j:j + 3], w)
+    np.testing.assert_allclose(compiled(x, w), np.maximum(ref, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_symbolic_shapes_keep_tvm_kernels_and_run_at_any_size():
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(R.exp(R.add(x, relax.const(1.0, "float32"))))
+        bb.emit_func_output(out)
+    compiled = tvm_ext.compile(bb.get(), strict=True)
+    assert [d.action for d in compiled.report().decisions] == ["tvm", "tvm"]
+    assert compiled.inputs[0].shape == ("n", 8)
+    for rows in (1, 5):
+        xv = np.random.default_rng(rows).standard_normal((rows, 8)).astype("float32")
+        np.testing.assert_allclose(compiled(xv), np.exp(xv + 1), rtol=1e-5)
+
+
+def test_strict_mode_raises_on_a_broken_lowering():
+    from tvm_ext.registry import OPS, OpDef, OpRegistry
+    from tvm_ext.patterns import OpPattern
+
+    def broken(node):
+        raise TypeError("bug in a lowering")
+
+    registry = OpRegistry()
+    registry.register(OpDef("relax.exp", OpPattern.ELEMWISE, broken))
+    mod = build_module(R.exp, [((4,), "float32")])
+    grouped = MakeGroups("chains", registry=registry)(mod)
+    with pytest.raises(TypeError, match="bug in a lowering"):
+        FuseCompile(registry=registry, strict=True)(grouped)
+    with pytest.warns(UserWarning, match="bug in a lowering"):
+        relaxed = FuseCompile(registry=registry)(grouped)
+    assert not _prim_funcs(relaxed)  # the op was inlined back for TVM's LegalizeOps
+    assert len(OPS) > len(registry)
