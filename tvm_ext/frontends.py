@@ -1,6 +1,7 @@
 """Frontends: a PyTorch module, an ONNX model or a Relax IRModule becomes one IRModule."""
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any, Sequence
@@ -23,6 +24,9 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
     example_inputs = tuple(torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in example_inputs)
     module.eval()
     shapes = [tuple(x.shape) for x in example_inputs]
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")  # logs a traceback per failure
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with torch.no_grad():
             exported = torch.export.export(module, example_inputs)
@@ -30,6 +34,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
         raise FrontendError(f"torch.export failed for {type(module).__name__} on example inputs of "
                             f"shapes {shapes}: {_first_line(err)}. Check that the example inputs have "
                             "the shapes and dtypes forward() expects.") from err
+    finally:
+        fake_log.setLevel(level)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -84,4 +90,4 @@ def _is_torch_module(model: Any) -> bool:
 
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    return text.splitlines()[0].rstrip(".") if text else type(err).__name__

@@ -22,7 +22,7 @@ from schedules.default import ScheduleConfig
 from tvm_ext.compiled_model import CompiledModel, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
-from tvm_ext.registry import OPS
+from tvm_ext.registry import OPS, OpRegistry
 from tvm_ext.report import Decision, FusionReport, kernels_of
 from tvm_ext.target import resolve_target
 
@@ -49,6 +49,7 @@ class Pipeline:
     passes: Sequence[tvm.ir.transform.Pass] = ()  # user passes run after import, before fusion
     schedule: bool = True  # give our kernels their default schedule
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
+    registry: OpRegistry = OPS  # the ops our lowering knows
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -66,21 +67,28 @@ class Pipeline:
 
     def lower(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
         """Fuse and lower: groups -> our kernels, the rest -> TVM's legalization; schedule ours."""
-        groups = MakeGroups(self.fusion)
-        fuse = FuseCompile(strict=self.strict)
+        groups = MakeGroups(self.fusion, registry=self.registry)
+        fuse = FuseCompile(registry=self.registry, strict=self.strict)
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.RewriteDataflowReshape()]
         if self.schedule:
             seq.append(ScheduleKernels(ScheduleConfig.for_target(self.target)))
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
-        check_no_unsupported_ops(lowered)
         return lowered, _report(lowered, groups, fuse)
 
     def build(self, lowered: tvm.IRModule, source: tvm.IRModule, report: FusionReport) -> CompiledModel:
         try:
             executable = tvm.compile(lowered, self.target)
         except Exception as err:
+            unknown = unlowered_ops(lowered)  # ops TVM's later passes (sort, scan) did not take either
+            if unknown:
+                where, op = unknown[0]
+                raise UnsupportedOpError(
+                    f"node '{where}' uses {op}, which has no lowering in tvm_ext and which TVM could not "
+                    f"build either ({_last_line(err)}). Register a Loop-IR lowering with "
+                    f"tvm_ext.register_op('{op}', pattern, lower=...) or rewrite the model without this op."
+                ) from err
             raise CompileError(f"TVM failed to build the lowered module: {_last_line(err)}") from err
         return CompiledModel(executable, signature_of(source), report, str(self.target))
 
@@ -101,7 +109,8 @@ class Pipeline:
 
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
             fusion: Any = "chains", passes: Sequence[tvm.ir.transform.Pass] = (),
-            shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False) -> CompiledModel:
+            shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
+            registry: OpRegistry = OPS) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``),
@@ -110,7 +119,7 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
     kernel per op, views included) or a partitioner function (``relay_passes.partition``).
     """
-    pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict)
+    pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry)
     return pipeline.run(model, example_inputs, shape_dict)
 
 
@@ -139,8 +148,9 @@ def _check_dtype(ty, where: str) -> None:
             f"(supported: {', '.join(sorted(BUILDABLE_DTYPES))}); cast it with astype first")
 
 
-def check_no_unsupported_ops(mod: tvm.IRModule) -> None:
-    """After LegalizeOps only VM builtins may remain; name any other op and say what to do."""
+def unlowered_ops(mod: tvm.IRModule) -> list[tuple[str, str]]:
+    """(node, op) of every op call LegalizeOps left that the VM does not run itself."""
+    found = []
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
@@ -150,13 +160,9 @@ def check_no_unsupported_ops(mod: tvm.IRModule) -> None:
                 if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
                     continue
                 name = v.op.name
-                if name.startswith(_VM_OPS_PREFIXES) or name in _VM_OPS or v.op.get_attr("FCallPacked"):
-                    continue
-                raise UnsupportedOpError(
-                    f"node '{b.var.name}' in {gv.name_hint} uses {name}, which has no lowering in "
-                    f"tvm_ext and no legalization in TVM. Register a Loop-IR lowering with "
-                    f"tvm_ext.register_op('{name}', pattern, lower=...) or rewrite the model "
-                    "without this op.")
+                if not (name.startswith(_VM_OPS_PREFIXES) or name in _VM_OPS or v.op.get_attr("FCallPacked")):
+                    found.append((b.var.name, name))
+    return found
 
 
 def _report(lowered: tvm.IRModule, groups: MakeGroups, fuse: FuseCompile) -> FusionReport:

@@ -97,6 +97,14 @@ class OpRegistry:
     def names(self) -> list[str]:
         return sorted(self._ops)
 
+    def without(self, *names: str) -> "OpRegistry":
+        """A copy without the given ops (they then keep TVM's kernels)."""
+        out = OpRegistry()
+        for opdef in self:
+            if opdef.name not in names:
+                out.register(opdef)
+        return out
+
 
 OPS = OpRegistry()
 
