@@ -39,10 +39,10 @@ def test_softmax_is_one_kernel_with_local_reduction_stages():
     mod = build_module(lambda x: R.nn.softmax(x, axis=-1), [((4, 32), "float32")])
     out = tvm.transform.Sequential([MakeGroups("chains"), FuseCompile(strict=True)])(mod)
     (func,) = _prim_funcs(out).values()
-    assert _blocks(func) == ["gv_max", "gv_sum", "gv"]
-    assert len(func.params) == 2  # x in, the result out: the two reductions stay inside
+    assert _blocks(func) == ["gv_max", "gv_exp", "gv_sum", "gv"]
+    assert len(func.params) == 2  # x in, the result out: the reductions and the exp stay inside
     text = str(func.attrs["tvm_ext.loop_ir"])
-    assert "local gv_max" in text and "local gv_sum" in text and "store gv" in text
+    assert "local gv_max" in text and "local gv_exp" in text and "local gv_sum" in text and "store gv" in text
 
 
 def test_constants_become_literals_or_kernel_arguments():
