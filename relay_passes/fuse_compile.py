@@ -21,8 +21,8 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from relay_passes.grouping import substitute
 from tvm_ext import attrs
 from tvm_ext.errors import CompileError, NotLowerable
-from tvm_ext.loop_ir import SUPPORTED_DTYPES, Const, dtype_of
-from tvm_ext.lowering import KernelBuilder, TensorValue
+from tvm_ext.loop_ir import SUPPORTED_DTYPES, dtype_of
+from tvm_ext.lowering import KernelBuilder, full
 from tvm_ext.registry import OPS, OpNode, OpRegistry
 
 
@@ -72,7 +72,7 @@ class FuseCompile:
                 if self.strict:
                     raise
                 warnings.warn(f"lowering of {gv.name_hint} failed ({type(err).__name__}: {err}); "
-                              "using TVM's kernels for its ops")
+                              "using TVM's kernels for its ops", stacklevel=2)
                 self._fall_back(gv.name_hint, func, err, fallback)
         out = tvm.IRModule(rest, attrs=mod.attrs, global_infos=mod.global_infos)
         rewriter = _CallRewriter(out, lowered, fallback)
@@ -190,9 +190,8 @@ def _convert(arg, env: dict, kb: KernelBuilder, const_args: list):
         data = arg.value.numpy()
         if str(data.dtype) not in SUPPORTED_DTYPES:
             raise NotLowerable(f"constant of dtype {data.dtype}")
-        if data.size == 1:  # a literal, broadcast by index
-            value, dtype = data.reshape(()).item(), str(data.dtype)
-            return TensorValue(data.shape, dtype, lambda idx: Const(value, dtype), name="const")
+        if data.size == 1:  # a literal at every index
+            return full(data.shape, data.reshape(()).item(), str(data.dtype))
         const_args.append(arg)
         return kb.add_input("const", data.shape, str(data.dtype))
     if isinstance(arg, relax.Tuple):

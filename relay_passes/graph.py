@@ -81,6 +81,31 @@ class DataflowGraph:
                         if r.kind == "get_item":
                             r.lowerable = False
 
+    def op_inputs(self, node: Node) -> list[int]:
+        """Producers of ``node``, looking through field reads to the multi-output op."""
+        out = []
+        for i in node.inputs:
+            src = self.nodes[i]
+            j = src.inputs[0] if src.kind == "get_item" and src.inputs else i
+            if j not in out:
+                out.append(j)
+        return out
+
+    def op_readers(self, node: Node) -> list[int]:
+        """Readers of ``node``, looking through its field reads to who reads the fields."""
+        out = []
+        for c in node.consumers:
+            reader = self.nodes[c]
+            for r in (reader.consumers if reader.kind == "get_item" else [c]):
+                if r not in out:
+                    out.append(r)
+        return out
+
+    def escapes(self, node: Node) -> bool:
+        """Whether ``node`` (or a field of it) is read after the block."""
+        return node.is_output or any(self.nodes[c].is_output for c in node.consumers
+                                     if self.nodes[c].kind == "get_item")
+
     def __iter__(self):
         return iter(self.nodes)
 

@@ -142,12 +142,16 @@ def partition_chains(graph: DataflowGraph) -> Partition:
     for node in graph:
         if not _groupable(node) or node.pattern not in _CHAIN:
             continue
-        for i in node.inputs:
+        for i in graph.op_inputs(node):
             prod = graph[i]
             if not _groupable(prod) or prod.pattern not in _CHAIN:
                 continue
-            if len(prod.consumers) != 1 or prod.is_output:
-                reasons[i] = f"realized: {len(prod.consumers)} readers" if not prod.is_output else "realized: block output"
+            readers = graph.op_readers(prod)
+            if graph.escapes(prod):
+                reasons[i] = "realized: block output"
+                continue
+            if len(readers) != 1:
+                reasons[i] = f"realized: {len(readers)} readers"
                 continue
             parent[find(i)] = find(node.index)
             reasons[i] = f"fused into {node.name}"

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from tvm_ext.loop_ir import dtype_of
 
 SPATIAL, REDUCE = 0, 2
 

@@ -121,3 +121,15 @@ def test_chain_fused_model_matches_numpy():
     r = np.maximum(np.exp(x + b) @ w, 0)
     np.testing.assert_allclose(s, r.sum(1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(u, r * 2 + c, rtol=1e-6, atol=1e-6)
+
+
+def test_chains_look_through_the_fields_of_a_multi_output_op():
+    def make(x, g):
+        bb = relax.BlockBuilder.current()
+        bn = bb.emit(R.nn.batch_norm(x, g, g, g, g, axis=1, training=False))
+        y = bb.emit(relax.TupleGetItem(bn, 0))
+        return R.nn.relu(y)
+    graph = DataflowGraph(_block(build_module(make, [((2, 3, 4, 4), "float32"), ((3,), "float32")])))
+    part = partition_chains(graph)
+    assert [[graph[n].op or graph[n].kind for n in g.nodes] for g in part.groups] == \
+        [["relax.nn.batch_norm", "get_item", "relax.nn.relu"]]

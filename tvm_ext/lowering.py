@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import tvm
 from tvm import te, tirx
 
 from tvm_ext import loop_ir as L
@@ -58,11 +57,6 @@ class TensorValue:
     def __repr__(self) -> str:
         kind = "realized" if self.buffer is not None else "fusable"
         return f"<{kind} {self.name} {list(self.shape)} {self.dtype}>"
-
-
-def scalar(value: float | int | bool, dtype: str) -> TensorValue:
-    """A 0-d constant value (inlined as a literal)."""
-    return TensorValue((), dtype, lambda idx: L.Const(value, dtype), name=f"const_{value}")
 
 
 # --------------------------------------------------------------------------- kernel
@@ -123,14 +117,13 @@ class KernelBuilder:
 
         buf.tensor = te.compute(buf.shape, body, name=buf.name)
         self.stages.append(stage)
-        realized = _buffer_value(buf)
-        return realized
+        return _buffer_value(buf)
 
     def store(self, value: TensorValue, name: str) -> Stage:
-        """Make ``value`` a kernel output (realizing it if needed; never an input alias)."""
-        is_input = value.buffer is not None and any(value.buffer is b for b in self.inputs)
+        """Make ``value`` a kernel output: its stage, or a copy when it is an input or already
+        another output (outputs never alias)."""
         stage = self._stage_of(value)
-        if is_input or stage is None or stage.is_output:
+        if stage is None or stage.is_output:
             copy = TensorValue(value.shape, value.dtype, value.load, name)
             stage = self._stage_of(self.realize(copy, name))
         stage.is_output = True

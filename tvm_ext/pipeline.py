@@ -151,7 +151,7 @@ def _check_dtype(ty, where: str) -> None:
 def unlowered_ops(mod: tvm.IRModule) -> list[tuple[str, str]]:
     """(node, op) of every op call LegalizeOps left that the VM does not run itself."""
     found = []
-    for gv, func in mod.functions_items():
+    for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
         for block in func.body.blocks:
