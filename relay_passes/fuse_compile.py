@@ -26,14 +26,11 @@ from tvm_ext.lowering import KernelBuilder, full
 from tvm_ext.registry import OPS, OpNode, OpRegistry
 
 
-
 @dataclass
 class LoweredGroup:
-    prim_func: tirx.PrimFunc
+    prim_func: tirx.PrimFunc  # carries the ops, pattern and Loop IR as attributes
     const_args: list  # constants read as buffers, appended to the call's arguments
     out_types: list[relax.TensorType]
-    ops: list[str]
-    loop_ir: str
 
 
 @dataclass
@@ -67,13 +64,15 @@ class FuseCompile:
                 lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry)
                 self.log.lowered.append(gv.name_hint)
             except NotLowerable as err:
-                self._fall_back(gv.name_hint, func, err, fallback)
+                fallback[gv.name_hint] = func
+                self.log.fallbacks[gv.name_hint] = str(err)
             except Exception as err:  # a bug in a lowering: keep compiling with TVM's kernels
                 if self.strict:
                     raise
                 warnings.warn(f"lowering of {gv.name_hint} failed ({type(err).__name__}: {err}); "
                               "using TVM's kernels for its ops", stacklevel=2)
-                self._fall_back(gv.name_hint, func, err, fallback)
+                fallback[gv.name_hint] = func
+                self.log.fallbacks[gv.name_hint] = f"lowering failed: {err}"
         out = tvm.IRModule(rest, attrs=mod.attrs, global_infos=mod.global_infos)
         rewriter = _CallRewriter(out, lowered, fallback)
         for name, group in lowered.items():
@@ -82,12 +81,6 @@ class FuseCompile:
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return rewriter.builder_.get()
-
-    def _fall_back(self, name: str, func: relax.Function, err: Exception, fallback: dict) -> None:
-        if self.strict and not isinstance(err, NotLowerable):
-            raise err
-        fallback[name] = func
-        self.log.fallbacks[name] = str(err)
 
 
 @mutator
@@ -141,7 +134,7 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS) -> 
     pattern = str(func.attrs[attrs.PATTERN]) if attrs.PATTERN in func.attrs else ""
     prim = prim.with_attrs({attrs.KERNEL: pattern, attrs.OPS: ",".join(ops), attrs.LOOP_IR: kb.describe()})
     out_types = [relax.TensorType(s.buffer.shape, s.buffer.dtype) for s in stages]
-    return LoweredGroup(prim, const_args, out_types, ops, kb.describe())
+    return LoweredGroup(prim, const_args, out_types)
 
 
 def _lower_binding(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: list,
