@@ -6,8 +6,9 @@
 
 Each model is a PyTorch module. tvm_ext compiles it (torch.export -> Relax -> fused
 kernels); "TVM default" is ``tvm.compile`` of the same imported Relax module (TVM's CPU
-pipeline: no fusion, unscheduled kernels); PyTorch eager runs the module itself. All three
-use the same threads (TVM_NUM_THREADS / torch.set_num_threads). Every time is the median of
+pipeline: no fusion, unscheduled kernels); PyTorch eager runs the module itself. The kernel
+column compares our kernel count with what TVM's own FuseOps + FuseTIR make of the same
+module. All three use the same threads (TVM_NUM_THREADS / torch.set_num_threads). Every time is the median of
 ``--repeat`` measurements; ratios above 1 mean tvm_ext is faster. The machine is shared and
 noisy: compare ratios measured in the same run, not absolute times across runs.
 """
@@ -27,9 +28,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
 from torch import nn  # noqa: E402
-from tvm import relax  # noqa: E402
 
 import tvm_ext  # noqa: E402
+from tvm_ext.baselines import tvm_default_build, tvm_fused_kernel_count  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
 
 
@@ -67,6 +68,20 @@ class ConvBNReLU(nn.Module):
         return torch.relu(self.bn(self.conv(x)))
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block: conv-bn-relu, conv-bn, + identity, relu."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
+
+
 def models(quick: bool):
     """name -> (module, example input)."""
     s = 4 if quick else 1
@@ -76,6 +91,7 @@ def models(quick: bool):
         "layer_norm": lambda: (nn.LayerNorm(768), torch.randn(4096 // s, 768)),
         "mlp": lambda: (MLP(512, 1024, 256), torch.randn(256 // s, 512)),
         "conv_bn_relu": lambda: (ConvBNReLU(32, 32), torch.randn(1, 32, 56 // s, 56 // s)),
+        "resnet_basic_block": lambda: (BasicBlock(32), torch.randn(1, 32, 56 // s, 56 // s)),
         "transformer_encoder_layer": lambda: (
             nn.TransformerEncoderLayer(256 // s, 4, 1024 // s, dropout=0.0, batch_first=True),
             torch.randn(4, 128 // s, 256 // s)),
@@ -101,10 +117,11 @@ def _median_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def bench_one(name, module, x, repeat: int) -> dict:
+def bench_one(name, module, x, repeat: int, fusion: str) -> dict:
     module.eval()
     target = tvm_ext.host_target()
-    compiled = tvm_ext.compile(module, (x,), target=target)
+    imported = from_torch(module, (x,))
+    compiled = tvm_ext.compile(imported, target=target, fusion=fusion)
     xn = x.numpy()
     with torch.no_grad():
         ref = module(x).numpy()
@@ -113,7 +130,7 @@ def bench_one(name, module, x, repeat: int) -> dict:
     # tvm_ext and TVM are timed the same way: TVM's time_evaluator on the Relax VM.
     single = compiled.benchmark(xn, number=1, repeat=1).median_ms / 1e3
     ours = compiled.benchmark(xn, number=_number(single), repeat=repeat).median_ms
-    vm = relax.VirtualMachine(tvm.compile(from_torch(module, (x,)), target), tvm.cpu())
+    vm = tvm_default_build(imported, target)
     xt = tvm.runtime.tensor(xn)
     single = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1)(xt).median
     tvm_ms = statistics.median(vm.time_evaluator("main", tvm.cpu(), number=_number(single),
@@ -122,7 +139,8 @@ def bench_one(name, module, x, repeat: int) -> dict:
         torch_ms = _median_ms(lambda: module(x), repeat)
     report = compiled.report()
     return {"model": name, "ok": ok, "ours_ms": ours, "tvm_ms": tvm_ms, "torch_ms": torch_ms,
-            "kernels": report.num_kernels, "vs_tvm": tvm_ms / ours, "vs_torch": torch_ms / ours}
+            "kernels": report.num_kernels, "tvm_fused_kernels": tvm_fused_kernel_count(imported),
+            "vs_tvm": tvm_ms / ours, "vs_torch": torch_ms / ours}
 
 
 def main(argv=None) -> int:
@@ -131,6 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="", help="comma-separated subset")
     parser.add_argument("--repeat", type=int, default=0, help="measurements per median (default 9, quick 3)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--fusion", default="nnvm", help="tvm_ext's fusion strategy (nnvm, chains, none)")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(THREADS))
     torch.manual_seed(0)
@@ -142,21 +161,24 @@ def main(argv=None) -> int:
         return 2
     repeat = args.repeat or (3 if args.quick else 9)
     print(f"threads: {THREADS}, repeat: {repeat}, torch {torch.__version__}, tvm {tvm.__version__}")
-    header = f"{'model':28s} {'tvm_ext ms':>10s} {'TVM ms':>10s} {'torch ms':>10s} {'vs TVM':>8s} {'vs torch':>8s} {'kernels':>7s} check"
+    print(f"tvm_ext fusion: {args.fusion}; kernels: ours / TVM FuseOps+FuseTIR on the same module")
+    header = (f"{'model':28s} {'tvm_ext ms':>10s} {'TVM ms':>10s} {'torch ms':>10s} {'vs TVM':>8s} "
+              f"{'vs torch':>8s} {'kernels':>9s} check")
     print(header)
     rows = []
     for name in names:
         module, x = table[name]()
-        row = bench_one(name, module, x, repeat)
+        row = bench_one(name, module, x, repeat, args.fusion)
         rows.append(row)
+        kernels = f"{row['kernels']}/{row['tvm_fused_kernels']}"
         print(f"{name:28s} {row['ours_ms']:10.3f} {row['tvm_ms']:10.3f} {row['torch_ms']:10.3f} "
-              f"{row['vs_tvm']:7.2f}x {row['vs_torch']:7.2f}x {row['kernels']:7d} {'ok' if row['ok'] else 'MISMATCH'}",
+              f"{row['vs_tvm']:7.2f}x {row['vs_torch']:7.2f}x {kernels:>9s} {'ok' if row['ok'] else 'MISMATCH'}",
               flush=True)
     geo = lambda key: float(np.exp(np.mean([np.log(r[key]) for r in rows])))  # noqa: E731
     print(f"{'geomean':28s} {'':10s} {'':10s} {'':10s} {geo('vs_tvm'):7.2f}x {geo('vs_torch'):7.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": int(THREADS), "repeat": repeat, "rows": rows}, f, indent=1)
+            json.dump({"threads": int(THREADS), "repeat": repeat, "fusion": args.fusion, "rows": rows}, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -132,7 +132,9 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS) -> 
     stages = [kb.store(env[o], o.name) for o in outs]
     prim = kb.build(stages)
     pattern = str(func.attrs[attrs.PATTERN]) if attrs.PATTERN in func.attrs else ""
-    prim = prim.with_attrs({attrs.KERNEL: pattern, attrs.OPS: ",".join(ops), attrs.LOOP_IR: kb.describe()})
+    master = str(func.attrs[attrs.MASTER]) if attrs.MASTER in func.attrs else ""
+    prim = prim.with_attrs({attrs.KERNEL: pattern, attrs.OPS: ",".join(ops), attrs.LOOP_IR: kb.describe(),
+                            attrs.MASTER: master})
     out_types = [relax.TensorType(s.buffer.shape, s.buffer.dtype) for s in stages]
     return LoweredGroup(prim, const_args, out_types)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from relay_passes.tvm_patterns import tvm_op_pattern
 from tvm_ext.loop_ir import SUPPORTED_DTYPES
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OPS, OpDef, OpRegistry
@@ -40,6 +41,12 @@ class Node:
     @property
     def is_view(self) -> bool:
         return self.opdef is not None and self.opdef.view
+
+    @property
+    def fusion_pattern(self) -> OpPattern:
+        """The pattern fusion may use: a node we cannot lower is a kernel of its own, so it
+        is Opaque to its neighbours whatever ``pattern`` (ours or TVM's) says."""
+        return self.pattern if self.lowerable else OpPattern.OPAQUE
 
     def __repr__(self) -> str:
         return f"%{self.index}:{self.name}={self.op or self.kind}"
@@ -123,6 +130,7 @@ def _make_node(i: int, binding: relax.Binding, registry: OpRegistry) -> Node:
         node = Node(i, binding.var, value, "op", value.op.name, opdef)
         if opdef is None:
             node.why_not = "no lowering registered"
+            node.pattern = tvm_op_pattern(value)
             return node
         node.pattern = opdef.pattern_of(value)
         problem = _type_problem(binding.var.ty) or next(

@@ -14,7 +14,8 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from relay_passes.graph import DataflowGraph
-from relay_passes.partition import PARTITIONERS, Group, Partition, Partitioner
+from relay_passes.partition import Group, Partition, Partitioner
+from relay_passes.strategies import PARTITIONERS
 from tvm_ext import attrs
 from tvm_ext.registry import OPS, OpRegistry
 
@@ -111,7 +112,9 @@ def outline_group(graph: DataflowGraph, group: Group, name: str):
                if graph[n].is_output or any(c not in members for c in graph[n].consumers)]
     params = [relax.Var(v.name, v.ty) for v in inputs]
     vmap: dict = dict(zip(inputs, params))
-    fattrs = {"Primitive": True, attrs.GROUP: group.gid, attrs.PATTERN: str(group.pattern)}
+    master = graph[group.master if group.master >= 0 else group.root]
+    fattrs = {"Primitive": True, attrs.GROUP: group.gid, attrs.PATTERN: str(group.pattern),
+              attrs.MASTER: f"{master.name}:{(master.op or '').replace('relax.', '')}"}
     bb = relax.BlockBuilder()
     with bb.function(name, params, attrs=fattrs, private=True):
         with bb.dataflow():

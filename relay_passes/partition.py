@@ -1,7 +1,8 @@
 """Partitions of a dataflow block into fusion groups, as a plain result object.
 
 A ``Partition`` says which nodes form each group and why; ``relay_passes.grouping`` turns
-it into grouped Relax functions. The two trivial strategies of the foundation live here:
+it into grouped Relax functions. The trivial strategies live here (NNVM's fusion is in
+``fuse_partition``; all are named in ``strategies``):
 
 - ``partition_none``: every op alone (one kernel per op);
 - ``partition_each``: the same, views included (a copy kernel each; for tests);
@@ -28,6 +29,7 @@ class Group:
     gid: int
     nodes: list[int]  # node indices, in topological order
     pattern: OpPattern
+    master: int = -1  # the node the kernel is built around (FusePartition); -1: the root
 
     @property
     def root(self) -> int:
@@ -82,7 +84,9 @@ def _leftovers(graph: DataflowGraph, part: Partition, taken: set[int]) -> None:
             part.decisions.append(Decision(node.index, "tvm", node.why_not or "not lowerable"))
 
 
-def _finish(graph: DataflowGraph, sets: list[list[int]]) -> Partition:
+def make_partition(graph: DataflowGraph, sets: list[list[int]]) -> Partition:
+    """Groups from sets of node indices (pattern: the most complex inside), plus the log
+    lines for nodes left to TVM or left as views."""
     part = Partition(graph)
     for members in sets:
         members = sorted(members)
@@ -118,7 +122,7 @@ def partition_each(graph: DataflowGraph) -> Partition:
 def _singletons(graph: DataflowGraph, include_views: bool) -> Partition:
     sets = [_with_get_items(graph, [n.index]) for n in graph
             if _groupable(n) and (include_views or not n.is_view)]
-    part = _finish(graph, sets)
+    part = make_partition(graph, sets)
     for g in part.groups:
         part.decisions.append(Decision(g.root, "alone", "fusion disabled"))
     return part
@@ -160,7 +164,7 @@ def partition_chains(graph: DataflowGraph) -> Partition:
         if _groupable(node):
             sets.setdefault(find(node.index), []).append(node.index)
     kept = [m for m in sets.values() if not (len(m) == 1 and graph[m[0]].is_view)]
-    part = _finish(graph, [_with_get_items(graph, m) for m in kept])
+    part = make_partition(graph, [_with_get_items(graph, m) for m in kept])
     for g in part.groups:
         for n in g.nodes:
             if graph[n].kind == "op":
@@ -168,6 +172,3 @@ def partition_chains(graph: DataflowGraph) -> Partition:
                                                reasons.get(n, "group root")))
     return part
 
-
-PARTITIONERS: dict[str, Partitioner] = {"none": partition_none, "chains": partition_chains,
-                                         "each": partition_each}

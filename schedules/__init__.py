@@ -6,6 +6,8 @@ from tvm import tirx
 
 from schedules.default import ScheduleConfig, block_kind, schedule_prim_func
 from tvm_ext import attrs
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OPS
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="ScheduleKernels")
@@ -20,10 +22,18 @@ class ScheduleKernels:
         out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
         for gv, func in mod.functions_items():
             if isinstance(func, tirx.PrimFunc) and func.attrs is not None and attrs.KERNEL in func.attrs:
-                scheduled, plans = schedule_prim_func(func, config)
+                scheduled, plans = schedule_prim_func(func, config, _master_is_anchor(func))
                 plan_text = ", ".join(f"{b}:{p}" for b, p in plans.items())
                 out[gv] = scheduled.with_attr(attrs.SCHEDULE, plan_text)
         return out
+
+
+def _master_is_anchor(func: tirx.PrimFunc) -> bool:
+    """Whether the group was built around an anchor (its epilogue then runs on the anchor's
+    tiles); a master re-pointed to an elementwise node keeps the stages apart."""
+    master = str(func.attrs.get(attrs.MASTER, ""))
+    opdef = OPS.get("relax." + master.partition(":")[2]) if master else None
+    return opdef is None or opdef.pattern == OpPattern.OUT_EWISE_FUSABLE
 
 
 __all__ = ["ScheduleConfig", "ScheduleKernels", "block_kind", "schedule_prim_func"]

@@ -47,23 +47,31 @@ def _has_avx512(target: tvm.target.Target) -> bool:
                     "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5")
 
 
-def schedule_prim_func(func: tirx.PrimFunc, config: ScheduleConfig = ScheduleConfig()
-                       ) -> tuple[tirx.PrimFunc, dict[str, str]]:
+def schedule_prim_func(func: tirx.PrimFunc, config: ScheduleConfig = ScheduleConfig(),
+                       fuse_epilogue: bool = True) -> tuple[tirx.PrimFunc, dict[str, str]]:
     """Apply a plan to every block of ``func``; returns the scheduled PrimFunc and the plan
-    each block got ("none" when TVM rejected every plan)."""
+    each block got ("none" when TVM rejected every plan).
+
+    ``fuse_epilogue``: an anchor's elementwise consumer is computed on the anchor's output
+    tile (set when the group's master is the anchor).
+    """
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    applied = {}
+    applied: dict[str, str] = {}
     for name in names:
+        if name in applied:  # already placed inside another block's loops
+            continue
         applied[name] = "none"
-        for plan in _plans(sch, name):
+        for plan in _plans(sch, name, fuse_epilogue):
             trial = sch.copy()
             try:
-                plan(trial, trial.get_sblock(name), config)
+                placed = plan(trial, trial.get_sblock(name), config) or ()
             except (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError):
                 continue
             sch = trial
             applied[name] = plan.__name__.strip("_")
+            for other in placed:
+                applied[other] = f"epilogue of {name}"
             break
     return sch.mod["main"], applied
 
@@ -93,12 +101,12 @@ def _unit_stride(expr, var) -> bool:
     return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0]) == 1
 
 
-def _plans(sch: s_tir.Schedule, name: str):
+def _plans(sch: s_tir.Schedule, name: str, fuse_epilogue: bool):
     kind = block_kind(sch, name)
     if kind == "pointwise":
         return [_pointwise, _parallel_only]
     if kind == "anchor":
-        return [_anchor, _parallel_only]
+        return [_anchor_with_epilogue, _anchor, _parallel_only] if fuse_epilogue else [_anchor, _parallel_only]
     if kind == "row_reduce":
         return [_row_reduce, _parallel_only]
     return [_parallel_only]
@@ -183,7 +191,7 @@ def _row_reduce(sch: s_tir.Schedule, block, config: ScheduleConfig) -> None:
     _parallelize(sch, list(rf_loops[:n_spatial]), total, config)
 
 
-def _anchor(sch: s_tir.Schedule, block, config: ScheduleConfig) -> None:
+def _anchor(sch: s_tir.Schedule, block, config: ScheduleConfig, epilogue=None) -> list[str]:
     ivars = sch.get(block).iter_vars
     loops = sch.get_loops(block)
     kinds = [int(iv.iter_type) for iv in ivars]
@@ -205,12 +213,28 @@ def _anchor(sch: s_tir.Schedule, block, config: ScheduleConfig) -> None:
             outer = outer[:-1] + [io]
             inner = [ii, ji]
     sch.reorder(*outer, jo, *reduce, *inner)
-    cw = sch.cache_write(block, 0, "global")  # the i x j accumulator tile
-    sch.reverse_compute_at(cw, jo)
-    sch.vectorize(sch.get_loops(cw)[-1])
+    # The i x j accumulator tile: the epilogue's input (the anchor's kernel-local buffer,
+    # shrunk to the tile by TVM's buffer compaction), or a cache of the output.
+    tail = epilogue if epilogue is not None else sch.cache_write(block, 0, "global")
+    sch.reverse_compute_at(tail, jo)
+    sch.vectorize(sch.get_loops(tail)[-1])
     sch.vectorize(ji)
     if len(inner) == 2:
         sch.unroll(inner[0])
     total = math.prod(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == SPATIAL)
     _parallelize(sch, [*outer, jo], total, config)
     sch.decompose_reduction(block, reduce[0])
+    return [sch.get(epilogue).name_hint] if epilogue is not None else []
+
+
+def _anchor_with_epilogue(sch: s_tir.Schedule, block, config: ScheduleConfig) -> list[str]:
+    """The anchor plan, with its one elementwise consumer computed on each output tile."""
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1:
+        raise ValueError("no single epilogue")
+    epilogue = consumers[0]
+    anchor_ext = [int(iv.dom.extent) for iv in sch.get(block).iter_vars if int(iv.iter_type) == SPATIAL]
+    epi_vars = sch.get(epilogue).iter_vars
+    if any(int(iv.iter_type) != SPATIAL for iv in epi_vars) or [int(iv.dom.extent) for iv in epi_vars] != anchor_ext:
+        raise ValueError("the consumer is not an elementwise epilogue of the same shape")
+    return _anchor(sch, block, config, epilogue)

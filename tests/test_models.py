@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 import tvm_ext
+from tvm_ext.baselines import tvm_fused_kernel_count
+from tvm_ext.frontends import from_torch
 from tvm_ext.models import transformer_block
 
 torch.manual_seed(0)
@@ -53,15 +55,31 @@ def _encoder():
     return nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0, activation="gelu")
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block: conv-bn-relu, conv-bn, + identity, relu (branch and rejoin)."""
+
+    def __init__(self, channels=16):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
 MODELS = [
     ("mlp", MLP, (16, 64)),
     ("conv_bn_relu", lambda: _randomize_bn(ConvBNReLU()), (2, 3, 16, 16)),
     ("transformer_encoder_layer", _encoder, (2, 12, 64)),
+    ("resnet_basic_block", lambda: _randomize_bn(BasicBlock()), (2, 16, 10, 10)),
 ]
 
 
 @pytest.mark.parametrize("name,factory,shape", MODELS, ids=[m[0] for m in MODELS])
-@pytest.mark.parametrize("fusion", ["chains", "none"])
+@pytest.mark.parametrize("fusion", ["nnvm", "chains", "none"])
 def test_torch_model_matches_pytorch(name, factory, shape, fusion):
     model = factory().eval()
     x = torch.randn(*shape)
@@ -73,6 +91,25 @@ def test_torch_model_matches_pytorch(name, factory, shape, fusion):
     report = compiled.report()
     assert report.num_kernels > 0
     assert all(k.source == "ours" for k in report.kernels), str(report)
+
+
+@pytest.mark.parametrize("name,factory,shape", MODELS, ids=[m[0] for m in MODELS])
+def test_nnvm_fusion_needs_no_more_kernels_than_tvm_fuse_ops(name, factory, shape):
+    model = factory().eval()
+    x = torch.randn(*shape)
+    mod = from_torch(model, (x,))
+    ours = tvm_ext.compile(mod, fusion="nnvm", strict=True).report().num_kernels
+    theirs = tvm_fused_kernel_count(mod)
+    assert ours <= theirs, f"{name}: {ours} kernels, TVM FuseOps+FuseTIR {theirs}"
+
+
+def test_resnet_block_is_two_kernels_with_fused_epilogues():
+    model = _randomize_bn(BasicBlock()).eval()
+    x = torch.randn(1, 16, 8, 8)
+    report = tvm_ext.compile(model, (x,), strict=True).report()
+    assert [k.ops for k in report.kernels] == [["nn.conv2d", "nn.batch_norm", "nn.relu"],
+                                               ["nn.conv2d", "nn.batch_norm", "add", "nn.relu"]]
+    assert all("epilogue of" in k.schedule for k in report.kernels)
 
 
 def test_chains_fuse_elementwise_work_into_fewer_kernels():

@@ -16,7 +16,7 @@ from tvm import relax
 from relay_passes.fold_weights import FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
-from relay_passes.partition import PARTITIONERS
+from relay_passes.strategies import PARTITIONERS
 from schedules import ScheduleKernels
 from schedules.default import ScheduleConfig
 from tvm_ext.compiled_model import CompiledModel, signature_of
@@ -45,7 +45,7 @@ class Pipeline:
     """Configuration of one compilation; ``run`` does all stages."""
 
     target: Any = None
-    fusion: Any = "chains"  # a PARTITIONERS name ("chains", "none", "each") or a partitioner
+    fusion: Any = "nnvm"  # a PARTITIONERS name ("nnvm", "chains", "none", "each") or a partitioner
     passes: Sequence[tvm.ir.transform.Pass] = ()  # user passes run after import, before fusion
     schedule: bool = True  # give our kernels their default schedule
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
@@ -108,16 +108,17 @@ class Pipeline:
 
 
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
-            fusion: Any = "chains", passes: Sequence[tvm.ir.transform.Pass] = (),
+            fusion: Any = "nnvm", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
             registry: OpRegistry = OPS) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``),
     an ONNX ``ModelProto`` or a path to a ``.onnx`` file (with ``shape_dict`` for dynamic
-    inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"chains"``
+    inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"nnvm"``
+    (NNVM's fusion: anchors with their epilogues, injective chains, diamonds), ``"chains"``
     (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
-    kernel per op, views included) or a partitioner function (``relay_passes.partition``).
+    kernel per op, views included) or a partitioner (``relay_passes.FusePartition(...)``).
     """
     pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry)
     return pipeline.run(model, example_inputs, shape_dict)
