@@ -73,6 +73,12 @@ class FusionReport:
             lines.append(f"views (no kernel): {', '.join(self.views)}")
         for name, why in self.fallbacks.items():
             lines.append(f"group {name} kept TVM's kernels: {why}")
+        if self.decisions:
+            counts: dict[str, int] = {}
+            for d in self.decisions:
+                counts[d.action] = counts.get(d.action, 0) + 1
+            summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
+            lines.append(f"fusion decisions: {summary} (decisions_text() for the log)")
         return "\n".join(lines)
 
     def decisions_text(self) -> str:
