@@ -122,9 +122,13 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS) -> 
         env[p] = kb.add_input(p.name, shape, dtype)
     const_args: list = []
     ops: list[str] = []
+    local = {str(n) for n in func.attrs[attrs.LOCAL]} if attrs.LOCAL in func.attrs else set()
     for block in func.body.blocks:
         for b in block.bindings:
-            env[b.var] = _lower_binding(b, env, kb, const_args, registry)
+            value = _lower_binding(b, env, kb, const_args, registry)
+            if b.var.name in local and not isinstance(value, list):
+                value = kb.realize(value, b.var.name)  # a kernel-local stage, not recomputed
+            env[b.var] = value
             if isinstance(b.value, relax.Call):
                 ops.append(b.value.op.name.replace("relax.", ""))
     result = func.body.body

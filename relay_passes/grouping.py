@@ -63,8 +63,7 @@ class _GroupRewriter(PyExprMutator):
         part = self.owner.partitioner(graph)
         self.owner.partitions.append(part)
         self.builder_._begin_dataflow_block()
-        group_of = part.group_of()
-        for item in _condensed_order(graph, part.groups, group_of):
+        for item in _condensed_order(graph, part.groups):
             if isinstance(item, Group):
                 self._emit_group(graph, item)
             else:
@@ -101,20 +100,15 @@ class _GroupRewriter(PyExprMutator):
 
 def outline_group(graph: DataflowGraph, group: Group, name: str):
     """The group as a ``Primitive`` Relax function; returns (function, inputs, outputs)."""
-    members = set(group.nodes)
-    bound = {graph[n].var for n in group.nodes}
-    inputs: list[relax.Var] = []
-    for n in group.nodes:
-        for v in relax.analysis.free_vars(graph[n].value):
-            if v not in bound and v not in inputs:
-                inputs.append(v)
-    outputs = [graph[n].var for n in group.nodes
-               if graph[n].is_output or any(c not in members for c in graph[n].consumers)]
+    inputs = group_inputs(graph, group)
+    outputs = [graph[n].var for n in group.outputs]
     params = [relax.Var(v.name, v.ty) for v in inputs]
     vmap: dict = dict(zip(inputs, params))
     master = graph[group.master if group.master >= 0 else group.root]
     fattrs = {"Primitive": True, attrs.GROUP: group.gid, attrs.PATTERN: str(group.pattern),
               attrs.MASTER: f"{master.name}:{(master.op or '').replace('relax.', '')}"}
+    if group.local:
+        fattrs[attrs.LOCAL] = [graph[n].name for n in group.local]
     bb = relax.BlockBuilder()
     with bb.function(name, params, attrs=fattrs, private=True):
         with bb.dataflow():
@@ -126,6 +120,17 @@ def outline_group(graph: DataflowGraph, group: Group, name: str):
         result = vmap[outputs[0]] if len(outputs) == 1 else relax.Tuple([vmap[o] for o in outputs])
         bb.emit_func_output(result)
     return bb.get()[name], inputs, outputs
+
+
+def group_inputs(graph: DataflowGraph, group: Group) -> list[relax.Var]:
+    """Variables the group's members read that no member binds, in first-use order."""
+    bound = {graph[n].var for n in group.nodes}
+    inputs: list[relax.Var] = []
+    for n in group.nodes:
+        for v in relax.analysis.free_vars(graph[n].value):
+            if v not in bound and v not in inputs:
+                inputs.append(v)
+    return inputs
 
 
 def substitute(expr: relax.Expr, vmap: dict) -> relax.Expr:
@@ -141,22 +146,44 @@ def substitute(expr: relax.Expr, vmap: dict) -> relax.Expr:
     return expr
 
 
-def _condensed_order(graph: DataflowGraph, groups: list[Group], group_of: dict[int, int]):
-    """Topological order of groups and ungrouped nodes, as close to program order as possible."""
-    def item(n: int):
-        return ("g", group_of[n]) if n in group_of else ("n", n)
+def _condensed_order(graph: DataflowGraph, groups: list[Group]):
+    """Groups and ungrouped nodes in a topological order, as close to program order as
+    possible. A node inside groups only (recomputed, never read outside) is not emitted."""
+    owner = {}  # node -> the item whose emission binds the node's variable
+    for g in groups:
+        for n in g.outputs:
+            if n in owner:
+                raise RuntimeError(f"node {graph[n].name} is an output of two groups")
+            owner[n] = ("g", g.gid)
+    grouped = {n for g in groups for n in g.nodes}
+    for n in graph:
+        if n.index not in grouped:
+            owner[n.index] = ("n", n.index)
+    index_of_var = {n.var: n.index for n in graph}
 
-    keys = {item(n.index) for n in graph}
-    first = {}
+    def needs(reads) -> set:
+        out = set()
+        for v in reads:
+            i = index_of_var.get(v)
+            if i is None:
+                continue
+            if i not in owner:
+                raise RuntimeError(f"{graph[i].name} is read outside its group but is no group's output")
+            out.add(owner[i])
+        return out
+
+    deps: dict = {}
+    first: dict = {}
+    for g in groups:
+        key = ("g", g.gid)
+        deps[key] = needs(group_inputs(graph, g)) - {key}
+        first[key] = min(g.outputs) if g.outputs else min(g.nodes)
     for n in graph:
-        first.setdefault(item(n.index), n.index)
-    deps = {k: set() for k in keys}
-    for n in graph:
-        for i in n.inputs:
-            a, b = item(i), item(n.index)
-            if a != b:
-                deps[b].add(a)
-    users = {k: [] for k in keys}
+        if n.index not in grouped:
+            key = ("n", n.index)
+            deps[key] = needs(relax.analysis.free_vars(n.value)) - {key}
+            first[key] = n.index
+    users: dict = {k: [] for k in deps}
     for k, ds in deps.items():
         for d in ds:
             users[d].append(k)
@@ -171,6 +198,6 @@ def _condensed_order(graph: DataflowGraph, groups: list[Group], group_of: dict[i
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, (first[u], u))
-    if len(order) != len(keys):
+    if len(order) != len(deps):
         raise RuntimeError("partition creates a cycle between groups")
     return order

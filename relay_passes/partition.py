@@ -30,6 +30,8 @@ class Group:
     nodes: list[int]  # node indices, in topological order
     pattern: OpPattern
     master: int = -1  # the node the kernel is built around (FusePartition); -1: the root
+    outputs: list[int] = field(default_factory=list)  # members whose values leave the kernel
+    local: list[int] = field(default_factory=list)  # members realized as kernel-local stages
 
     @property
     def root(self) -> int:
@@ -51,8 +53,10 @@ class Partition:
     groups: list[Group] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
 
-    def group_of(self) -> dict[int, int]:
-        return {n: g.gid for g in self.groups for n in g.nodes}
+    def owner_of(self) -> dict[int, int]:
+        """node -> the group that computes it for readers outside (groups may share internal,
+        recomputed members, but each value leaves exactly one group)."""
+        return {n: g.gid for g in self.groups for n in g.outputs}
 
     def describe(self) -> str:
         """A printable table: one line per group, then nodes left to TVM."""
@@ -89,9 +93,11 @@ def make_partition(graph: DataflowGraph, sets: list[list[int]]) -> Partition:
     lines for nodes left to TVM or left as views."""
     part = Partition(graph)
     for members in sets:
-        members = sorted(members)
+        members = sorted(set(members))
         pattern = max((graph[n].pattern for n in members if graph[n].kind == "op"), default=OpPattern.OPAQUE)
-        part.groups.append(Group(len(part.groups), members, pattern))
+        inside = set(members)
+        outputs = [n for n in members if graph[n].is_output or any(c not in inside for c in graph[n].consumers)]
+        part.groups.append(Group(len(part.groups), members, pattern, outputs=outputs))
     _leftovers(graph, part, {n for s in sets for n in s})
     return part
 

@@ -2,6 +2,7 @@
 
 GROUP = "tvm_ext.group"  # on grouped Relax functions: the group id of the partition
 PATTERN = "tvm_ext.pattern"  # on grouped functions and kernels: the group's fuse pattern
+LOCAL = "tvm_ext.local"  # on grouped functions: members to realize as kernel-local stages
 MASTER = "tvm_ext.master"  # on grouped functions and kernels: "name:op" of the master node
 KERNEL = "tvm_ext.kernel"  # on PrimFuncs we generated: the group's pattern name
 OPS = "tvm_ext.ops"  # on our PrimFuncs: comma-separated Relax ops the kernel covers

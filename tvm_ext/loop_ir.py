@@ -381,17 +381,47 @@ del _op
 
 # --------------------------------------------------------------------------- to TE
 def to_te(expr: LoopExpr) -> PrimExpr:
-    """Translate a Loop IR expression to a TE/TIR expression (loads become tensor reads)."""
+    """Translate a Loop IR expression to a TE/TIR expression (loads become tensor reads).
+
+    Common subexpressions are computed once: a node with several parents in the DAG is
+    bound to a variable by a ``Let`` around the expression (inside a reduction, around its
+    body). Nodes under a guarded select stay in place, as they may only run when the
+    guard holds.
+    """
+    if isinstance(expr, Reduce):
+        return _translate(expr, lambda body: _translate_cse(body))
+    return _translate_cse(expr)
+
+
+def _translate_cse(root: LoopExpr) -> PrimExpr:
+    parents: dict[int, int] = {}
+    guarded: set[int] = set()
+    for node in walk(root):
+        for child in node.children():
+            parents[id(child)] = parents.get(id(child), 0) + 1
+        if isinstance(node, Select) and node.guarded:
+            for branch in (node.true_value, node.false_value):
+                guarded.update(id(n) for n in walk(branch))
+    shared = {key for key, count in parents.items() if count > 1 and key not in guarded}
     memo: dict[int, PrimExpr] = {}
+    lets: list[tuple] = []
 
     def tr(node: LoopExpr) -> PrimExpr:
         key = id(node)
         if key in memo:
             return memo[key]
-        memo[key] = out = _translate(node, tr)
+        out = _translate(node, tr)
+        if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)):
+            var = tirx.Var(f"cse{len(lets)}", node.dtype)
+            lets.append((var, out))
+            out = var
+        memo[key] = out
         return out
 
-    return tr(expr)
+    body = tr(root)
+    for var, value in reversed(lets):
+        body = tirx.Let(var, value, body)
+    return body
 
 
 def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr]) -> PrimExpr:

@@ -30,7 +30,12 @@ Loader = Callable[[tuple], L.LoopExpr]
 
 
 class TensorValue:
-    """A tensor inside a kernel under construction."""
+    """A tensor inside a kernel under construction.
+
+    Loading the same value twice at the same index (the same index objects) returns the
+    same Loop IR node: a value read twice by one consumer (``x * x``) is built once, so a
+    chain of such fan-outs stays linear instead of doubling at every level.
+    """
 
     def __init__(self, shape: Sequence[int], dtype: str, loader: Loader, name: str = "t",
                  buffer: L.Buffer | None = None):
@@ -39,6 +44,7 @@ class TensorValue:
         self.name = name
         self.buffer = buffer  # set for realized values: loads read this buffer
         self._loader = loader
+        self._loaded: dict[tuple, tuple[tuple, L.LoopExpr]] = {}
 
     @property
     def ndim(self) -> int:
@@ -52,7 +58,13 @@ class TensorValue:
         """The Loop IR expression for the element at ``index`` (one index per dimension)."""
         if len(index) != self.ndim:
             raise ValueError(f"{self.name}: {len(index)} indices for a {self.ndim}-d tensor")
-        return self._loader(tuple(index))
+        index = tuple(index)
+        # Keyed by identity; the entry keeps the index objects alive, so ids are not reused.
+        key = tuple(i if isinstance(i, int) else id(i) for i in index)
+        hit = self._loaded.get(key)
+        if hit is None:
+            hit = self._loaded[key] = (index, self._loader(index))
+        return hit[1]
 
     def __repr__(self) -> str:
         kind = "realized" if self.buffer is not None else "fusable"
@@ -79,10 +91,13 @@ class KernelBuilder:
     """Collects inputs and realized stages of one kernel and builds its PrimFunc.
 
     Realizing a value creates its TE compute right away (its Loop IR is built over the
-    compute's own index variables), so stages appear in dependence order.
+    compute's own index variables), so stages appear in dependence order. With
+    ``emit_te=False`` only the Loop IR is built (over fresh variables): fusion passes use
+    that to measure an expression before deciding where kernels end.
     """
 
     name: str
+    emit_te: bool = True
     inputs: list[L.Buffer] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     _names: set = field(default_factory=set)
@@ -97,7 +112,8 @@ class KernelBuilder:
 
     def add_input(self, name: str, shape: Sequence[int], dtype: str) -> TensorValue:
         buf = L.Buffer(self.unique(name), tuple(int(s) for s in shape), str(dtype))
-        buf.tensor = te.placeholder(buf.shape, buf.dtype, name=buf.name)
+        if self.emit_te:
+            buf.tensor = te.placeholder(buf.shape, buf.dtype, name=buf.name)
         self.inputs.append(buf)
         return _buffer_value(buf)
 
@@ -115,7 +131,10 @@ class KernelBuilder:
                 raise TypeError(f"{buf.name}: body is {stage.expr.dtype}, stage is {value.dtype}")
             return L.to_te(stage.expr)
 
-        buf.tensor = te.compute(buf.shape, body, name=buf.name)
+        if self.emit_te:
+            buf.tensor = te.compute(buf.shape, body, name=buf.name)
+        else:
+            body(*(tirx.Var(f"i{d}", "int32") for d in range(len(buf.shape))))
         self.stages.append(stage)
         return _buffer_value(buf)
 
