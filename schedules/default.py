@@ -76,6 +76,20 @@ def schedule_prim_func(func: tirx.PrimFunc, config: ScheduleConfig = ScheduleCon
     return sch.mod["main"], applied
 
 
+def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Inline every elementwise block whose result only feeds other blocks of ``func`` (TVM's
+    FuseTIR keeps one block per fused op, each writing a full intermediate buffer)."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        for inline in (sch.compute_inline, sch.reverse_compute_inline):
+            try:
+                inline(block)
+                break
+            except (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError):
+                continue
+    return sch.mod["main"]
+
+
 def block_kind(sch: s_tir.Schedule, name: str) -> str:
     """'pointwise', 'row_reduce' or 'anchor' (or 'reduce' when neither pattern is found)."""
     block = sch.get(sch.get_sblock(name))

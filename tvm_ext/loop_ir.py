@@ -384,12 +384,19 @@ def to_te(expr: LoopExpr) -> PrimExpr:
     """Translate a Loop IR expression to a TE/TIR expression (loads become tensor reads).
 
     Common subexpressions are computed once: a node with several parents in the DAG is
-    bound to a variable by a ``Let`` around the expression (inside a reduction, around its
-    body). Nodes under a guarded select stay in place, as they may only run when the
-    guard holds.
+    bound to a variable by a ``Let`` around the expression. Nodes under a guarded select
+    stay in place, as they may only run when the guard holds. A reduction's body is left
+    to LLVM's CSE: schedules copy reduction bodies (``rfactor``), and a copied ``Let``
+    would define its variable twice.
     """
     if isinstance(expr, Reduce):
-        return _translate(expr, lambda body: _translate_cse(body))
+        memo: dict[int, PrimExpr] = {}
+
+        def tr(node: LoopExpr) -> PrimExpr:
+            if id(node) not in memo:
+                memo[id(node)] = _translate(node, tr)
+            return memo[id(node)]
+        return tr(expr)
     return _translate_cse(expr)
 
 

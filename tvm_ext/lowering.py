@@ -129,7 +129,7 @@ class KernelBuilder:
             stage.expr = value.load(axes)
             if stage.expr.dtype != value.dtype:
                 raise TypeError(f"{buf.name}: body is {stage.expr.dtype}, stage is {value.dtype}")
-            return L.to_te(stage.expr)
+            return L.to_te(stage.expr) if self.emit_te else None
 
         if self.emit_te:
             buf.tensor = te.compute(buf.shape, body, name=buf.name)
@@ -424,22 +424,40 @@ def concat(values: Sequence[TensorValue], axis: int, node: str = "concat") -> Te
 
 
 def take(value: TensorValue, indices: TensorValue, axis: int | None) -> TensorValue:
-    """Gather along ``axis`` with a data-dependent index (``indices`` is loaded per element)."""
+    """Gather along ``axis``. A literal index is plain index arithmetic (a slice); a tensor
+    of indices is loaded per element, so ``value`` must be realized (views of it cannot
+    re-index a data-dependent position): see ``needs_realized_source``."""
     if axis is None:
         value = reshape(value, (value.size,))
         axis = 0
     axis = int(axis) % value.ndim
     shape = value.shape[:axis] + indices.shape + value.shape[axis + 1:]
     n = value.shape[axis]
+    literal = _literal(indices)
 
     def loader(idx):
-        pos = indices.load(idx[axis:axis + indices.ndim])
-        pos = L.cast(pos, "int64")
-        wrapped = L.Select(L.less(pos, L.Const(0, "int64")), pos + n, pos)
-        full = list(idx[:axis]) + [wrapped] + list(idx[axis + indices.ndim:])
+        if literal is not None:
+            pos = int(literal) % n
+        else:
+            p = L.cast(indices.load(idx[axis:axis + indices.ndim]), "int64")
+            pos = L.Select(L.less(p, L.Const(0, "int64")), p + n, p)
+        full = list(idx[:axis]) + [pos] + list(idx[axis + indices.ndim:])
         return value.load(full)
 
     return TensorValue(shape, value.dtype, loader, "take")
+
+
+def needs_realized_source(indices: TensorValue) -> bool:
+    """Whether ``take`` with these indices reads its source at data-dependent positions."""
+    return _literal(indices) is None
+
+
+def _literal(value: TensorValue):
+    """The python value of a constant-valued tensor (a literal), else None."""
+    if value.buffer is not None:
+        return None
+    expr = value.load(tuple(tirx.Var(f"q{d}", "int32") for d in range(value.ndim)))
+    return expr.value if isinstance(expr, L.Const) else None
 
 
 def pad(value: TensorValue, pad_before: Sequence[int], pad_after: Sequence[int],

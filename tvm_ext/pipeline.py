@@ -37,7 +37,7 @@ _VM_OPS = frozenset(["relax.null_value", "relax.shape_of", "relax.hint_on_device
                      "relax.tensor_to_shape", "relax.shape_to_tensor", "relax.print", "relax.assert_op",
                      "relax.reshape"])  # reshape: left by RewriteDataflowReshape, a zero-copy view
 
-FUSION_CHOICES = tuple(PARTITIONERS)
+FUSION_CHOICES = (*PARTITIONERS, "tvm")  # "tvm": TVM's FuseOps + FuseTIR, our schedules
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Pipeline:
     """Configuration of one compilation; ``run`` does all stages."""
 
     target: Any = None
-    fusion: Any = "nnvm"  # a PARTITIONERS name ("nnvm", "chains", "none", "each") or a partitioner
+    fusion: Any = "nnvm"  # a FUSION_CHOICES name or a partitioner (relay_passes.AutoFuse(...))
     passes: Sequence[tvm.ir.transform.Pass] = ()  # user passes run after import, before fusion
     schedule: bool = True  # give our kernels their default schedule
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
@@ -53,7 +53,7 @@ class Pipeline:
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
-        if not callable(self.fusion) and self.fusion not in PARTITIONERS:
+        if not callable(self.fusion) and self.fusion not in FUSION_CHOICES:
             raise ValueError(f"unknown fusion {self.fusion!r}; choose one of {FUSION_CHOICES}")
         self.target = resolve_target(self.target)
 
@@ -67,6 +67,8 @@ class Pipeline:
 
     def lower(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
         """Fuse and lower: groups -> our kernels, the rest -> TVM's legalization; schedule ours."""
+        if self.fusion == "tvm":
+            return self._lower_with_tvm_fusion(mod)
         groups = MakeGroups(self.fusion, registry=self.registry)
         fuse = FuseCompile(registry=self.registry, strict=self.strict)
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
@@ -76,6 +78,17 @@ class Pipeline:
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         return lowered, _report(lowered, groups, fuse)
+
+    def _lower_with_tvm_fusion(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
+        """TVM's own fusion (FuseOps + FuseTIR) with our default schedules on its kernels."""
+        seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+               relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()]
+        if self.schedule:
+            seq.append(ScheduleKernels(ScheduleConfig.for_target(self.target), all_kernels=True))
+        with self.target:
+            lowered = tvm.transform.Sequential(seq)(mod)
+        kernels, views = kernels_of(lowered)
+        return lowered, FusionReport(kernels, views)
 
     def build(self, lowered: tvm.IRModule, source: tvm.IRModule, report: FusionReport) -> CompiledModel:
         try:

@@ -136,4 +136,4 @@ def _kernel_info(mod: tvm.IRModule, call: relax.Call) -> KernelInfo:
         return KernelInfo(gv.name_hint, str(fattrs[attrs.OPS]).split(","), str(fattrs[attrs.KERNEL]), "ours",
                           read, written, str(fattrs.get(attrs.SCHEDULE, "")), str(fattrs.get(attrs.LOOP_IR, "")))
     pattern = str(OpPattern.from_tvm(int(fattrs["op_pattern"]))) if "op_pattern" in fattrs else "?"
-    return KernelInfo(gv.name_hint, [gv.name_hint], pattern, "tvm", read, written)
+    return KernelInfo(gv.name_hint, [gv.name_hint], pattern, "tvm", read, written, str(fattrs.get(attrs.SCHEDULE, "")))

@@ -89,6 +89,8 @@ def _take(node: OpNode) -> TensorValue:
     check_no_lowering(mode not in ("fast", "wrap", "clip"), f"take mode {mode}")
     check_no_lowering(mode != "fast", f"take mode {mode} is left to TVM")
     axis = node.attr("axis")
+    if lw.needs_realized_source(indices) and x.buffer is None:
+        x = node.kb.realize(x, node.name + "_src")  # views cannot re-index a loaded position
     return lw.take(x, indices, None if axis is None else int(axis))
 
 

@@ -1,0 +1,450 @@
+"""AutoFuse graph-level Lowering (autofuse_lowering_en.md, "Graph Lowering").
+
+Each output of each node gets a ``KernelBox`` that says how the value is computed:
+
+- ``EXTERN``: the op keeps its own kernel (an op our lowering cannot take, a disabled
+  scope); its inputs are realized first (AutoFuse's default lowering);
+- ``FUSABLE``: the value is its Loop-IR expression; ``Load()`` inlines it into each reader
+  (a value with several readers is recomputed by each of them);
+- ``LOCAL``: realized as a stage of the kernel under construction (a reduction result, an
+  op of the realize-immediately set); readers in the same kernel load the stage;
+- ``MEMORY``: realized: written to memory by the kernel that computes it, read from there.
+
+Walking the block in topological order, every node lowers itself on the Loop IR of its
+inputs (in analysis mode: Loop IR only, no TE), and the stop rules (``StopRules``) decide
+which boxes are realized and why. The kernels that come out form a ``Partition`` whose
+groups may share recomputed members; ``MakeGroups`` outlines them and ``FuseCompile``
+builds each as one PrimFunc, with the ``LOCAL`` boxes as kernel-local stages.
+
+The seed's rules and where they live here (``STOP_RULES`` has their documentation):
+reduction results are realized (``reduction``, kernel-local: one kernel per softmax or
+norm); expressions over ``max_loop_nodes`` or ``max_loads`` are realized; inputs of ops we
+cannot lower are realized (``default-lowering``); different devices (the VDevice of the
+values) split kernels; ``realize_ops`` are realized at once (the seed's Exp rule); inputs an
+op does not read (``zeros_like``) are not fused into it; ``disable_fusion`` names nodes
+that skip lowering; dtypes we cannot compute skip lowering; a graph of scalars only is not
+fused. Control edges and stream or core scopes have no Relax counterpart beyond dataflow
+blocks and VDevices: bindings outside dataflow blocks are never fused, and the VDevice is
+the stream label.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import tvm
+from tvm import relax, tirx
+
+from relay_passes.graph import DataflowGraph, Node
+from relay_passes.partition import Decision, Group, Partition
+from tvm_ext import loop_ir as L
+from tvm_ext.errors import NotLowerable
+from tvm_ext.lowering import KernelBuilder, TensorValue, full
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OpNode
+
+
+class BoxKind(enum.Enum):
+    EXTERN = "extern"
+    FUSABLE = "fusable"
+    LOCAL = "local"
+    MEMORY = "memory"
+
+
+STOP_RULES: dict[str, str] = {
+    "reduction": "A reduction result is realized, as a kernel-local stage: its readers stay "
+                 "in the same kernel (seed rule 1; multi-stage kernels).",
+    "loop-nodes": "The box's Loop-IR expression has more nodes than max_loop_nodes (seed rule 2).",
+    "loads": "The box's expression has more Load nodes than max_loads (seed rule 3).",
+    "default-lowering": "The reader cannot be lowered (no lowering, a declined attribute, a "
+                        "symbolic shape, an unsupported dtype): its inputs are realized (seed rules 4, 12, 13).",
+    "anchor-input": "A matmul or conv2d reads each input element many times: inlining a computed "
+                    "input would recompute it per use, so only pure views are inlined into anchors.",
+    "device": "Producer and reader are on different devices (VDevice; the seed's stream label, rule 6).",
+    "realize-op": "The op is in realize_ops and is realized at once, as a kernel-local stage "
+                  "(the seed's Exp rule, rule 7).",
+    "unused-input": "The reader does not read the input's values (zeros_like, ...): the input is "
+                    "realized early instead of fused (seed rule 9).",
+    "disabled": "The node is in disable_fusion (the seed's _disable_autofuse_scope, rule 11).",
+    "scalar-graph": "Every value of the block is a scalar: nothing is fused (seed rule 14).",
+    "block-output": "The value is read after the dataflow block.",
+    "non-op-reader": "The value is read by a binding that is not an op call (a tuple, a call "
+                     "of another function): it is realized.",
+    "kernel-merge": "Joining the reader's kernels would create a cycle between kernels.",
+    "rollback": "The kernel covered fewer than rollback_threshold ops: its ops get their own kernels.",
+}
+
+_IGNORES_INPUTS = frozenset(["relax.zeros_like", "relax.ones_like", "relax.full_like"])
+
+
+@dataclass
+class StopRules:
+    """The configurable stop rules of AutoFuse (see ``STOP_RULES``)."""
+
+    max_loop_nodes: int = 64
+    max_loads: int = 4
+    realize_ops: frozenset = frozenset(["relax.exp"])
+    disable_fusion: frozenset = frozenset()
+    rollback_threshold: int = 2
+    fuse_scalar_graphs: bool = False
+
+
+@dataclass(eq=False)
+class KernelBox:
+    node: int
+    kind: BoxKind
+    value: TensorValue | None = None  # the analysis value (a load of memory once realized)
+    members: frozenset = frozenset()  # nodes whose computation its expression contains
+    kernel: int | None = None  # the kernel whose stages it reads or belongs to
+    loop_nodes: int = 0
+    loads: int = 0
+    rule: str = ""  # the stop rule that realized it
+
+    def describe(self, graph: DataflowGraph) -> str:
+        rule = f" ({self.rule})" if self.rule else ""
+        kernel = f" in kernel {self.kernel}" if self.kernel is not None else ""
+        return (f"{graph[self.node].name}: {self.kind.value}{rule}{kernel}, {self.loop_nodes} loop nodes, "
+                f"{self.loads} loads, computes {sorted(graph[m].name for m in self.members)}")
+
+
+@dataclass
+class Kernel:
+    kid: int
+    nodes: set = field(default_factory=set)
+    outputs: set = field(default_factory=set)
+    local: set = field(default_factory=set)
+
+
+@dataclass
+class AutoFusePlan:
+    """The analysis result: the box of every node, the kernels, and the decision log."""
+
+    graph: DataflowGraph
+    boxes: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line per box: its kind, the rule that realized it, its size, what it computes."""
+        return "\n".join(b.describe(self.graph) for _, b in sorted(self.boxes.items(), key=lambda kv: kv[0])
+                         if isinstance(b, KernelBox))
+
+    def log_text(self) -> str:
+        w = max([4] + [len(n.name) for n in self.graph])
+        return "\n".join(f"{self.graph[d.node].name:>{w}s} {d.action:9s} {d.reason}" for d in self.log)
+
+
+class AutoFuse:
+    """AutoFuse's Graph Lowering as a partitioner for ``MakeGroups``."""
+
+    def __init__(self, rules: StopRules | None = None, **overrides):
+        self.rules = rules or StopRules(**overrides)
+        self.plans: list[AutoFusePlan] = []
+
+    def __call__(self, graph: DataflowGraph) -> Partition:
+        plan = self.analyze(graph)
+        self.plans.append(plan)
+        return _to_partition(plan)
+
+    def analyze(self, graph: DataflowGraph) -> AutoFusePlan:
+        return _Lowering(graph, self.rules).run()
+
+
+class _Lowering:
+    """One walk over a block: boxes, kernels, decisions."""
+
+    def __init__(self, graph: DataflowGraph, rules: StopRules):
+        self.g = graph
+        self.rules = rules
+        self.plan = AutoFusePlan(graph)
+        self.kb = KernelBuilder("autofuse_analysis", emit_te=False)
+        self.memory: dict = {}  # relax var -> memory-backed analysis value
+        self.index_of = {n.var: n.index for n in graph}
+        self.next_kernel = 0
+        self.scalar_graph = not rules.fuse_scalar_graphs and all(
+            _size(n) <= 1 for n in graph if n.kind == "op")
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> AutoFusePlan:
+        for node in self.g:
+            if node.kind == "get_item":
+                self._get_item(node)
+            elif node.kind == "op" and self._extern_reason(node) is None:
+                self._lower(node)
+            else:
+                self._extern(node)
+        for node in self.g:
+            box = self.plan.boxes.get(node.index)
+            if box is not None and node.is_output and box.kind is not BoxKind.EXTERN:
+                self._realize(box, "block-output")
+        self._rollback()
+        return self.plan
+
+    def _decide(self, node: int, action: str, rule: str, detail: str = "") -> None:
+        self.plan.log.append(Decision(node, action, f"{rule}" + (f": {detail}" if detail else "")))
+
+    # ------------------------------------------------------------------ kernels
+    def _new_kernel(self, nodes: Iterable[int] = ()) -> int:
+        kid = self.next_kernel
+        self.next_kernel += 1
+        self.plan.kernels[kid] = Kernel(kid, set(nodes))
+        return kid
+
+    def _realize(self, box: KernelBox, rule: str, detail: str = "") -> None:
+        """Write the box's value to memory (AutoFuse's ``Realize``); its kernel outputs it."""
+        if box.kind in (BoxKind.MEMORY, BoxKind.EXTERN):
+            return
+        if box.kernel is None:
+            box.kernel = self._new_kernel()
+        kernel = self.plan.kernels[box.kernel]
+        kernel.nodes |= box.members
+        kernel.outputs.add(box.node)
+        box.kind, box.rule = BoxKind.MEMORY, rule
+        box.value = self._memory_value(self.g[box.node].var, box.value)
+        self._decide(box.node, "realize", rule, detail)
+
+    def _memory_value(self, var: relax.Var, like: TensorValue | None = None) -> TensorValue:
+        if var not in self.memory:
+            ty = var.ty
+            shape = [int(d) for d in ty.shape.values] if like is None else like.shape
+            dtype = str(ty.dtype) if like is None else like.dtype
+            self.memory[var] = self.kb.add_input(var.name, shape, dtype)
+        return self.memory[var]
+
+    def _merge(self, kids: set) -> int | None:
+        """One kernel for the given ones (None when merging would create a cycle)."""
+        kids = {k for k in kids if k is not None}
+        if not kids:
+            return None
+        keep = min(kids)
+        union = set().union(*(self.plan.kernels[k].nodes for k in kids))
+        if len(kids) > 1 and not _convex(self.g, union):
+            return None
+        for k in sorted(kids - {keep}):
+            other = self.plan.kernels.pop(k)
+            mine = self.plan.kernels[keep]
+            mine.nodes |= other.nodes
+            mine.outputs |= other.outputs
+            mine.local |= other.local
+            for box in self.plan.boxes.values():
+                if box.kernel == k:
+                    box.kernel = keep
+        return keep
+
+    # ------------------------------------------------------------------ extern
+    def _extern_reason(self, node: Node) -> str | None:
+        if node.name in self.rules.disable_fusion:
+            return "disabled"
+        if not node.lowerable:
+            return "default-lowering"
+        if self.scalar_graph:
+            return "scalar-graph"
+        return None
+
+    def _extern(self, node: Node) -> None:
+        reason = self._extern_reason(node) or ("default-lowering" if node.kind == "op" else "non-op-reader")
+        for i in node.inputs:
+            box = self.plan.boxes.get(i)
+            if isinstance(box, KernelBox):
+                why = node.why_not if node.kind == "op" else type(node.value).__name__
+                self._realize(box, reason, f"read by {node.name} ({why})")
+        if node.kind == "op" and reason in ("scalar-graph", "disabled") and node.lowerable:
+            kid = self._new_kernel([node.index])  # still our kernel, just not fused
+            self.plan.kernels[kid].outputs.add(node.index)
+        self.plan.boxes[node.index] = KernelBox(node.index, BoxKind.EXTERN, rule=reason)
+        if node.kind == "op":
+            self._decide(node.index, "extern", reason, node.why_not)
+
+    # ------------------------------------------------------------------ lower
+    def _lower(self, node: Node) -> None:
+        g, n = self.g, node.index
+        anchor = node.pattern == OpPattern.OUT_EWISE_FUSABLE and node.opdef.name in ("relax.matmul", "relax.nn.conv2d")
+        joined: set = set()
+        members = {n}
+        values: dict = {}
+        for v in relax.analysis.free_vars(node.value):
+            i = self.index_of.get(v)
+            box = self.plan.boxes.get(i) if i is not None else None
+            if box is None:
+                values[v] = self._memory_value(v)
+                continue
+            if box.kind is BoxKind.LOCAL and anchor:  # an anchor starts its own kernel
+                self._realize(box, "anchor-input", f"{node.name} ({node.op.replace('relax.', '')}) reads it")
+            if box.kind is BoxKind.FUSABLE:
+                rule = None
+                if node.op in _IGNORES_INPUTS:
+                    rule, detail = "unused-input", f"{node.name} reads only its shape"
+                elif anchor and not _view_only(box):
+                    rule, detail = "anchor-input", f"{node.name} ({node.op.replace('relax.', '')}) reads it"
+                elif _device(g[box.node]) != _device(node) and None not in (_device(g[box.node]), _device(node)):
+                    rule, detail = "device", f"{_device(g[box.node])} -> {_device(node)}"
+                if rule is not None:
+                    self._realize(box, rule, detail)
+                else:
+                    members |= box.members
+                    self._decide(box.node, "inline", "fusable",
+                                 f"into {node.name}" + (" (recomputed)" if len(g.op_readers(g[box.node])) > 1 else ""))
+            if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
+                joined.add(box.kernel)
+            values[v] = box.value
+        kernel = self._merge(joined)
+        if kernel is None and len({k for k in joined if k is not None}) > 1:
+            for v, value in list(values.items()):  # cannot join them all: read them from memory
+                i = self.index_of.get(v)
+                box = self.plan.boxes.get(i) if i is not None else None
+                if box is not None and box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
+                    self._realize(box, "kernel-merge", f"for {node.name}")
+                    values[v] = box.value
+            members = {n}
+        stages_before = len(self.kb.stages)
+        try:
+            out = self._lower_call(node, values)
+        except NotLowerable as err:
+            node.why_not = str(err)
+            self._extern(node)
+            return
+        if len(self.kb.stages) > stages_before:  # the lowering realized a reduction: a local stage
+            if kernel is None:
+                kernel = self._new_kernel()
+            self.plan.kernels[kernel].nodes |= members
+            self._decide(n, "stage", "reduction", "its reduction is a kernel-local stage")
+        outs = out if isinstance(out, list) else [out]
+        boxes = [self._box(n, o, frozenset(members), kernel) for o in outs]
+        self.plan.boxes[n] = boxes if isinstance(out, list) else boxes[0]
+        if not isinstance(out, list):
+            self._stop_rules(node, boxes[0])
+
+    def _lower_call(self, node: Node, values: dict):
+        def convert(arg):
+            if isinstance(arg, relax.Var):
+                return values[arg]
+            if isinstance(arg, relax.Tuple):
+                return [convert(f) for f in arg.fields]
+            if isinstance(arg, tvm.ir.GenericConst):
+                data = arg.value.numpy()
+                if data.size == 1:
+                    return full(data.shape, data.reshape(()).item(), str(data.dtype))
+                return self.kb.add_input("const", data.shape, str(data.dtype))
+            if isinstance(arg, relax.ShapeExpr):
+                return tuple(int(d) for d in arg.values)
+            if isinstance(arg, (tirx.IntImm, tirx.FloatImm)):
+                return bool(arg.value) if L.dtype_of(arg) == "bool" else arg.value
+            if isinstance(arg, tvm.ir.StringImm):
+                return arg.value
+            raise NotLowerable(f"argument of kind {type(arg).__name__}")
+
+        call = node.value
+        tys = list(node.var.ty.fields) if isinstance(node.var.ty, relax.TupleType) else [node.var.ty]
+        shapes = [tuple(int(d) for d in t.shape.values) for t in tys]
+        dtypes = [str(t.dtype) for t in tys]
+        op = OpNode(node.name, node.op, tuple(convert(a) for a in call.args), call.attrs, shapes, dtypes, self.kb)
+        return node.opdef.lower(op)
+
+    def _box(self, n: int, value: TensorValue, members: frozenset, kernel: int | None) -> KernelBox:
+        expr = value.load(tuple(tirx.Var(f"i{d}", "int32") for d in range(value.ndim)))
+        return KernelBox(n, BoxKind.FUSABLE, value, members, kernel, L.count_nodes(expr), L.count_loads(expr))
+
+    def _stop_rules(self, node: Node, box: KernelBox) -> None:
+        if node.op in self.rules.realize_ops:
+            if box.kernel is None:
+                box.kernel = self._new_kernel()
+            kernel = self.plan.kernels[box.kernel]
+            kernel.nodes |= box.members
+            kernel.local.add(node.index)
+            box.value = self.kb.realize(box.value, node.name)
+            box.kind, box.rule = BoxKind.LOCAL, "realize-op"
+            self._decide(node.index, "stage", "realize-op", f"{node.op} is realized at once")
+        elif box.loop_nodes > self.rules.max_loop_nodes:
+            self._realize(box, "loop-nodes", f"{box.loop_nodes} > {self.rules.max_loop_nodes}")
+        elif box.loads > self.rules.max_loads:
+            self._realize(box, "loads", f"{box.loads} > {self.rules.max_loads}")
+
+    def _get_item(self, node: Node) -> None:
+        src = node.inputs[0] if node.inputs else None
+        fields = self.plan.boxes.get(src)
+        if not isinstance(fields, list):
+            self._extern(node)
+            return
+        field_box = fields[node.value.index]
+        box = KernelBox(node.index, field_box.kind, field_box.value, field_box.members | {node.index},
+                        field_box.kernel, field_box.loop_nodes, field_box.loads)
+        self.plan.boxes[node.index] = box
+
+    # ------------------------------------------------------------------ rollback
+    def _rollback(self) -> None:
+        g = self.g
+        counts: dict[int, int] = {}
+        for k in self.plan.kernels.values():
+            for n in k.nodes:
+                counts[n] = counts.get(n, 0) + 1
+        for kid, k in list(self.plan.kernels.items()):
+            ops = [n for n in k.nodes if g[n].kind == "op"]
+            if not (1 < len(ops) < self.rules.rollback_threshold):
+                continue
+            if any(counts[n] > 1 for n in k.nodes):  # shares recomputed members: keep it
+                continue
+            del self.plan.kernels[kid]
+            for n in sorted(ops):
+                single = self._new_kernel([n] + [c for c in g[n].consumers if g[c].kind == "get_item"])
+                self.plan.kernels[single].outputs = {m for m in self.plan.kernels[single].nodes
+                                                     if g[m].is_output or any(c not in self.plan.kernels[single].nodes
+                                                                              for c in g[m].consumers)}
+                self._decide(n, "rollback", "rollback", f"kernel of {len(ops)} ops < {self.rules.rollback_threshold}")
+
+
+def _to_partition(plan: AutoFusePlan) -> Partition:
+    g = plan.graph
+    part = Partition(g)
+    for k in sorted(plan.kernels.values(), key=lambda k: min(k.outputs or k.nodes)):
+        nodes = sorted(k.nodes)
+        ops = [n for n in nodes if g[n].kind == "op"]
+        if not ops or not k.outputs:  # nothing reads it: its work was inlined everywhere
+            continue
+        if len(ops) == 1 and g[ops[0]].is_view and not k.local:
+            part.decisions.append(Decision(ops[0], "view", "alone: TVM makes it a zero-copy reshape"))
+            continue
+        pattern = max(g[n].pattern for n in ops)
+        outputs = sorted(k.outputs)
+        part.groups.append(Group(len(part.groups), nodes, pattern, outputs=outputs, local=sorted(k.local)))
+    part.decisions = list(plan.log) + part.decisions
+    return part
+
+
+def _size(node: Node) -> int:
+    ty = node.var.ty
+    try:
+        size = 1
+        for d in ty.shape.values:
+            size *= int(d)
+        return size
+    except (AttributeError, TypeError):
+        return 2
+
+
+def _device(node: Node) -> str | None:
+    vdev = getattr(node.var.ty, "vdevice", None)
+    return None if vdev is None else str(vdev)
+
+
+def _view_only(box: KernelBox) -> bool:
+    """Whether the box's expression only re-indexes memory (no arithmetic to recompute)."""
+    expr = box.value.load(tuple(tirx.Var(f"v{d}", "int32") for d in range(box.value.ndim)))
+    return all(isinstance(n, (L.Load, L.Const, L.IndexValue)) for n in L.walk(expr))
+
+
+def _convex(graph: DataflowGraph, nodes: set) -> bool:
+    """No path leaves ``nodes`` and comes back (merging them cannot create a cycle)."""
+    outside_reach = set()
+    for n in sorted(nodes):
+        stack = [c for c in graph[n].consumers if c not in nodes]
+        while stack:
+            c = stack.pop()
+            if c in outside_reach:
+                continue
+            outside_reach.add(c)
+            for d in graph[c].consumers:
+                if d in nodes:
+                    return False
+                stack.append(d)
+    return True
