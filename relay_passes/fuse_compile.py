@@ -44,12 +44,14 @@ class FuseCompile:
     """Lower every group made by ``MakeGroups`` to one PrimFunc and call it with ``call_tir``.
 
     ``strict=True`` re-raises lowering failures instead of falling back (used by tests so a
-    broken lowering cannot hide behind TVM's kernels).
+    broken lowering cannot hide behind TVM's kernels). ``exact_math=True`` keeps libm's
+    transcendentals instead of the vectorizable forms of ``tvm_ext.fast_math``.
     """
 
-    def __init__(self, registry: OpRegistry = OPS, strict: bool = False):
+    def __init__(self, registry: OpRegistry = OPS, strict: bool = False, exact_math: bool = False):
         self.registry = registry
         self.strict = strict
+        self.exact_math = exact_math
         self.log = FuseCompileLog()
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
@@ -61,7 +63,7 @@ class FuseCompile:
                 rest[gv] = func
                 continue
             try:
-                lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry)
+                lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry, self.exact_math)
                 self.log.lowered.append(gv.name_hint)
             except NotLowerable as err:
                 fallback[gv.name_hint] = func
@@ -113,9 +115,10 @@ class _CallRewriter(PyExprMutator):
 
 
 # --------------------------------------------------------------------------- lowering
-def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS) -> LoweredGroup:
+def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
+                exact_math: bool = False) -> LoweredGroup:
     """Compose the Loop IR of every binding of ``func`` and build one PrimFunc."""
-    kb = KernelBuilder(name)
+    kb = KernelBuilder(name, exact_math=exact_math)
     env: dict = {}
     for p in func.params:
         shape, dtype = static_type(p.ty, p.name)

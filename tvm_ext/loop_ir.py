@@ -26,6 +26,8 @@ from typing import Callable, Iterator, Sequence, Union
 import tvm
 from tvm import te, tirx
 
+from tvm_ext import fast_math
+
 PrimExpr = tirx.Expr
 Index = Union[PrimExpr, "LoopExpr"]  # a LoopExpr index is a data-dependent (gather) index
 
@@ -260,6 +262,7 @@ class ScalarOp:
     te_fn: Callable[..., PrimExpr]
     boolean: bool = False
     float_only: bool = False
+    te_fast: Callable[..., PrimExpr] | None = None  # a vectorizable float32 form (fast_math)
 
 
 def dtype_of(expr) -> str:
@@ -317,12 +320,12 @@ _SCALAR_OP_LIST = [
     ScalarOp("negative", 1, lambda a: -a),
     ScalarOp("abs", 1, te.abs),
     ScalarOp("sign", 1, _sign),
-    ScalarOp("exp", 1, te.exp, float_only=True),
+    ScalarOp("exp", 1, te.exp, float_only=True, te_fast=fast_math.exp),
     ScalarOp("log", 1, te.log, float_only=True),
     ScalarOp("sqrt", 1, te.sqrt, float_only=True),
     ScalarOp("rsqrt", 1, te.rsqrt, float_only=True),
     ScalarOp("tanh", 1, te.tanh, float_only=True),
-    ScalarOp("sigmoid", 1, te.sigmoid, float_only=True),
+    ScalarOp("sigmoid", 1, te.sigmoid, float_only=True, te_fast=fast_math.sigmoid),
     ScalarOp("erf", 1, te.erf, float_only=True),
     ScalarOp("sin", 1, te.sin, float_only=True),
     ScalarOp("cos", 1, te.cos, float_only=True),
@@ -380,8 +383,11 @@ del _op
 
 
 # --------------------------------------------------------------------------- to TE
-def to_te(expr: LoopExpr) -> PrimExpr:
+def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
     """Translate a Loop IR expression to a TE/TIR expression (loads become tensor reads).
+
+    float32 transcendentals use the vectorizable forms of ``fast_math`` unless
+    ``exact_math`` asks for TVM's (libm) ones.
 
     Common subexpressions are computed once: a node with several parents in the DAG is
     bound to a variable by a ``Let`` around the expression. Nodes under a guarded select
@@ -394,13 +400,13 @@ def to_te(expr: LoopExpr) -> PrimExpr:
 
         def tr(node: LoopExpr) -> PrimExpr:
             if id(node) not in memo:
-                memo[id(node)] = _translate(node, tr)
+                memo[id(node)] = _translate(node, tr, exact_math)
             return memo[id(node)]
         return tr(expr)
-    return _translate_cse(expr)
+    return _translate_cse(expr, exact_math)
 
 
-def _translate_cse(root: LoopExpr) -> PrimExpr:
+def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
     parents: dict[int, int] = {}
     guarded: set[int] = set()
     for node in walk(root):
@@ -417,7 +423,7 @@ def _translate_cse(root: LoopExpr) -> PrimExpr:
         key = id(node)
         if key in memo:
             return memo[key]
-        out = _translate(node, tr)
+        out = _translate(node, tr, exact_math)
         if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)):
             var = tirx.Var(f"cse{len(lets)}", node.dtype)
             lets.append((var, out))
@@ -431,7 +437,7 @@ def _translate_cse(root: LoopExpr) -> PrimExpr:
     return body
 
 
-def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr]) -> PrimExpr:
+def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: bool) -> PrimExpr:
     if isinstance(node, Load):
         if node.buffer.tensor is None:
             raise RuntimeError(f"buffer {node.buffer.name} has no TE tensor yet")
@@ -445,7 +451,9 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr]) -> PrimExpr:
         value = tr(node.value)
         return value if dtype_of(value) == node.dtype else tirx.Cast(node.dtype, value)
     if isinstance(node, Compute):
-        return SCALAR_OPS[node.op].te_fn(*[tr(a) for a in node.args])
+        spec = SCALAR_OPS[node.op]
+        fn = spec.te_fast if spec.te_fast is not None and node.dtype == "float32" and not exact_math else spec.te_fn
+        return fn(*[tr(a) for a in node.args])
     if isinstance(node, Select):
         cond, t, f = tr(node.cond), tr(node.true_value), tr(node.false_value)
         return tirx.if_then_else(cond, t, f) if node.guarded else tirx.Select(cond, t, f)

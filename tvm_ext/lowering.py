@@ -98,6 +98,7 @@ class KernelBuilder:
 
     name: str
     emit_te: bool = True
+    exact_math: bool = False  # libm transcendentals instead of the vectorizable forms
     inputs: list[L.Buffer] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     _names: set = field(default_factory=set)
@@ -129,7 +130,7 @@ class KernelBuilder:
             stage.expr = value.load(axes)
             if stage.expr.dtype != value.dtype:
                 raise TypeError(f"{buf.name}: body is {stage.expr.dtype}, stage is {value.dtype}")
-            return L.to_te(stage.expr) if self.emit_te else None
+            return L.to_te(stage.expr, self.exact_math) if self.emit_te else None
 
         if self.emit_te:
             buf.tensor = te.compute(buf.shape, body, name=buf.name)

@@ -50,6 +50,7 @@ class Pipeline:
     schedule: bool = True  # give our kernels their default schedule
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
     registry: OpRegistry = OPS  # the ops our lowering knows
+    exact_math: bool = False  # libm exp/sigmoid instead of the vectorizable float32 forms
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -70,7 +71,7 @@ class Pipeline:
         if self.fusion == "tvm":
             return self._lower_with_tvm_fusion(mod)
         groups = MakeGroups(self.fusion, registry=self.registry)
-        fuse = FuseCompile(registry=self.registry, strict=self.strict)
+        fuse = FuseCompile(registry=self.registry, strict=self.strict, exact_math=self.exact_math)
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.RewriteDataflowReshape()]
         if self.schedule:
@@ -123,7 +124,7 @@ class Pipeline:
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
             fusion: Any = "nnvm", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
-            registry: OpRegistry = OPS) -> CompiledModel:
+            registry: OpRegistry = OPS, exact_math: bool = False) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``),
@@ -132,8 +133,11 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     (NNVM's fusion: anchors with their epilogues, injective chains, diamonds), ``"chains"``
     (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
     kernel per op, views included) or a partitioner (``relay_passes.FusePartition(...)``).
+    ``exact_math=True`` keeps libm's exp and sigmoid (scalar calls) instead of the
+    vectorizable float32 forms of ``tvm_ext.fast_math``.
     """
-    pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry)
+    pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry,
+                        exact_math=exact_math)
     return pipeline.run(model, example_inputs, shape_dict)
 
 

@@ -1,0 +1,65 @@
+"""The vectorizable transcendentals: maximum error against numpy in float64, over the
+float32 range that matters, and the exact-math switch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvm_ext import fast_math
+
+
+def _build(fn, n):
+    x = te.placeholder((n,), "float32", name="x")
+    y = te.compute((n,), lambda i: fn(x[i]), name="y")
+    return tvm.compile(te.create_prim_func([x, y]), "llvm")
+
+
+def _run(fn, values):
+    lib = _build(fn, values.size)
+    out = tvm.runtime.empty(values.shape, "float32")
+    lib["main"](tvm.runtime.tensor(values), out)
+    return out.numpy()
+
+
+def test_exp_relative_error_below_2e7_over_its_range():
+    # every 97th float32 between EXP_MIN and EXP_MAX (about 22 million values), plus the ends
+    lo, hi = np.float32(fast_math.EXP_MIN), np.float32(fast_math.EXP_MAX)
+    neg = -np.arange(0, (-lo).view(np.int32) + 1, 97, dtype=np.int32).view(np.float32)
+    pos = np.arange(0, hi.view(np.int32) + 1, 97, dtype=np.int32).view(np.float32)
+    x = np.concatenate([neg, pos, [lo, hi]]).astype("float32")
+    assert x.size > 20_000_000 and x.min() == lo and x.max() == hi
+    got = _run(fast_math.exp, x).astype("float64")
+    want = np.exp(x.astype("float64"))
+    rel = np.abs(got - want) / want
+    assert rel.max() < 2e-7, rel.max()
+
+
+def test_exp_special_values():
+    x = np.array([np.nan, np.inf, -np.inf, 100.0, -100.0, 0.0], "float32")
+    got = _run(fast_math.exp, x)
+    assert np.isnan(got[0])
+    assert list(got[1:]) == [np.inf, 0.0, np.inf, 0.0, 1.0]
+
+
+def test_sigmoid_relative_error():
+    x = np.linspace(-80, 80, 1_000_001, dtype="float32")
+    got = _run(fast_math.sigmoid, x).astype("float64")
+    want = 1 / (1 + np.exp(-x.astype("float64")))
+    assert (np.abs(got - want) / want).max() < 3e-7
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_exact_math_switch_changes_the_kernel_not_the_result(exact):
+    from tvm import relax
+
+    import tvm_ext
+    from conftest import build_module
+
+    mod = build_module(lambda a: relax.op.exp(a), [((4, 64), "float32")])
+    compiled = tvm_ext.compile(mod, exact_math=exact)
+    x = np.random.default_rng(0).uniform(-20, 20, (4, 64)).astype("float32")
+    np.testing.assert_allclose(compiled(x), np.exp(x), rtol=3e-7)
+    text = compiled.lowered_module.script()
+    assert ("T.exp(" in text) == exact  # the fast form is arithmetic and bit casts only
