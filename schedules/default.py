@@ -57,6 +57,12 @@ def schedule_prim_func(func: tirx.PrimFunc, config: ScheduleConfig = ScheduleCon
     """
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    trial = sch.copy()
+    try:
+        if persistent_rows(trial, names, config):
+            return trial.mod["main"], {name: "persistent_rows" for name in names}
+    except (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError):
+        pass
     applied: dict[str, str] = {}
     for name in names:
         if name in applied:  # already placed inside another block's loops
@@ -74,6 +80,80 @@ def schedule_prim_func(func: tirx.PrimFunc, config: ScheduleConfig = ScheduleCon
                 applied[other] = f"epilogue of {name}"
             break
     return sch.mod["main"], applied
+
+
+def persistent_rows(sch: s_tir.Schedule, names: list[str], config: ScheduleConfig) -> bool:
+    """The multi-stage form of a normalization kernel (softmax, layer norm, ...): all stages
+    of one row run together, so the row is read from memory once and stays in cache.
+
+    Applies to a kernel whose last block is its only output and whose reductions reduce
+    trailing axes of rows that every block shares. Each row reduction keeps a vector of
+    partial results (``rfactor``); pointwise stages are vectorized; rows run in parallel.
+    Returns False when the kernel does not have that shape.
+    """
+    blocks = [sch.get_sblock(n) for n in names]
+    reductions = [b for b in blocks if any(int(iv.iter_type) == REDUCE for iv in sch.get(b).iter_vars)]
+    if len(blocks) < 2 or not reductions or any(block_kind(sch, n) == "anchor" for n in names):
+        return False
+    out_shape = [int(d) for d in sch.get(blocks[-1]).writes[0].source.shape]
+    rows = len(out_shape)
+    for b in reductions:
+        shape = [int(d) for d in sch.get(b).writes[0].source.shape]
+        if len(shape) != len(out_shape):
+            return False
+        rows = min(rows, next((d for d, (s, o) in enumerate(zip(shape, out_shape)) if s != o), len(shape)))
+    if rows == 0 or rows == len(out_shape):
+        return False
+    lanes = _lanes(sch, blocks[-1], config)
+    rfs = {}
+    for b in reductions:  # vector partial sums, before the blocks move (rfactor wants a root loop nest)
+        name = sch.get(b).name_hint
+        loops = sch.get_loops(b)
+        factor = _vector_factor(int(sch.get(loops[-1]).extent), lanes)
+        if factor and int(sch.get(loops[-1]).extent) >= 2 * factor:
+            _, ki = sch.split(loops[-1], [None, factor])
+            rfs[name] = sch.get(sch.rfactor(ki, factor_axis=0)).name_hint
+    order = [m for n in names[:-1] for m in ([rfs[n]] if n in rfs else []) + [n]]
+    out = sch.get_sblock(names[-1])
+    out_loops = sch.get_loops(out)
+    row = sch.fuse(*out_loops[:rows]) if rows > 1 else out_loops[0]
+    _vectorize_tail(sch, sch.get_loops(out)[1:], lanes)
+    for name in reversed(order):
+        sch.compute_at(sch.get_sblock(name), row)
+    for name in order:
+        block = sch.get_sblock(name)
+        inner = sch.get_loops(block)[1:]
+        kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+        if name in rfs.values():  # loops (ki, ko): the vector lane innermost
+            spatial = [l for l in inner if int(sch.get(l).extent) == _rf_lanes(sch, block)]
+            if spatial:
+                others = [l for l in inner if not l.same_as(spatial[0])]
+                sch.reorder(*others, spatial[0])
+                sch.vectorize(spatial[0])
+        elif REDUCE not in kinds:
+            _vectorize_tail(sch, inner, lanes)
+    if math.prod(out_shape) >= config.parallel_min_elems and config.cores > 1:
+        sch.parallel(row)
+    return True
+
+
+def _rf_lanes(sch: s_tir.Schedule, rf_block) -> int:
+    return int(sch.get(rf_block).writes[0].source.shape[0])
+
+
+def _vectorize_tail(sch: s_tir.Schedule, loops, lanes: int) -> None:
+    """Vectorize the innermost of ``loops`` (fusing short trailing loops first)."""
+    if not loops:
+        return
+    loops = list(loops)
+    if len(loops) > 1 and int(sch.get(loops[-1]).extent) < lanes:
+        loops = [sch.fuse(*loops)]
+    n = int(sch.get(loops[-1]).extent)
+    factor = _vector_factor(n, lanes)
+    if factor and n > factor:
+        sch.vectorize(sch.split(loops[-1], [None, factor])[1])
+    elif factor or 2 <= n <= 2 * lanes:
+        sch.vectorize(loops[-1])
 
 
 def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -116,3 +116,15 @@ def test_schedule_is_recorded_in_the_report():
     mod = build_module(lambda a, b: R.matmul(a, b), [((64, 64), "float32"), ((64, 64), "float32")])
     (kernel,) = tvm_ext_compile(mod).report().kernels
     assert kernel.schedule == "gv:anchor"
+
+
+def test_normalizations_run_row_by_row_in_one_loop_nest():
+    mod = build_module(lambda a: R.nn.softmax(a, axis=-1), [((64, 512), "float32")])
+    compiled = tvm_ext_compile(mod)
+    (kernel,) = compiled.report().kernels
+    assert set(p.split(":")[1] for p in kernel.schedule.split(", ")) == {"persistent_rows"}
+    text = compiled.lowered_module.script()
+    assert text.count("T.parallel") == 1  # one row loop holds every stage
+    x = np.random.default_rng(0).standard_normal((64, 512)).astype("float32")
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(compiled(x), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
