@@ -1,101 +1,46 @@
-"""Benchmark: tvm_ext against TVM's default build and PyTorch eager, in one run.
+"""Benchmark: tvm_ext against TVM's default build, PyTorch eager and torch.compile, in one run.
 
-    python bench/run.py                 # all models, full size
-    python bench/run.py --quick         # small sizes (a smoke run)
-    python bench/run.py --models softmax,mlp --json out.json
+    python bench/run.py                          # every workload, both fusion strategies
+    python bench/run.py --quick                  # small sizes, a smoke run
+    python bench/run.py --models softmax,mlp --fusion autofuse --json out.json
 
-Each model is a PyTorch module. tvm_ext compiles it (torch.export -> Relax -> fused
-kernels); "TVM default" is ``tvm.compile`` of the same imported Relax module (TVM's CPU
-pipeline: no fusion, unscheduled kernels); PyTorch eager runs the module itself. The kernel
-column compares our kernel count with what TVM's own FuseOps + FuseTIR make of the same
-module. All three use the same threads (TVM_NUM_THREADS / torch.set_num_threads). Every time is the median of
-``--repeat`` measurements; ratios above 1 mean tvm_ext is faster. The machine is shared and
-noisy: compare ratios measured in the same run, not absolute times across runs.
+Each workload is a PyTorch module (bench/models.py). tvm_ext compiles it once per fusion
+strategy (torch.export -> Relax -> fused kernels); "TVM" is ``tvm.compile`` of the same
+imported Relax module (TVM's CPU pipeline: no fusion, unscheduled kernels); "eager" runs
+the module; "compile" runs ``torch.compile`` (Inductor, CPU). All use the same threads
+(TVM_NUM_THREADS, torch.set_num_threads). Every time is the median of ``--repeat``
+measurements; a ratio above 1 means tvm_ext (its best strategy) is faster.
+
+For memory-bound workloads the roofline is the time to move the bytes that must move (the
+model's inputs, outputs and weights, once each) at the bandwidth of a large copy measured
+in the same run; "x roof" is tvm_ext's time over it. The kernel column compares our kernel
+count (per strategy) with what TVM's own FuseOps + FuseTIR make of the same module. The
+machine is shared and noisy: compare ratios from one run, not absolute times across runs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import pathlib
 import statistics
 import sys
 import time
+import warnings
 
 THREADS = os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 os.environ.setdefault("OMP_NUM_THREADS", THREADS)
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
-from torch import nn  # noqa: E402
 
 import tvm_ext  # noqa: E402
+from models import workloads  # noqa: E402
 from tvm_ext.baselines import tvm_default_build, tvm_fused_kernel_count  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
-
-
-class ElementwiseChain(nn.Module):
-    """relu(x * sigmoid(x) * 2 + b) - 0.5: five memory-bound ops."""
-
-    def __init__(self, cols):
-        super().__init__()
-        self.b = nn.Parameter(torch.randn(cols))
-
-    def forward(self, x):
-        return torch.relu(x * torch.sigmoid(x) * 2 + self.b) - 0.5
-
-
-class Softmax(nn.Module):
-    def forward(self, x):
-        return torch.softmax(x, dim=-1)
-
-
-class MLP(nn.Module):
-    def __init__(self, dim, hidden, out):
-        super().__init__()
-        self.l1, self.l2, self.l3 = nn.Linear(dim, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, out)
-
-    def forward(self, x):
-        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
-
-
-class ConvBNReLU(nn.Module):
-    def __init__(self, cin, cout):
-        super().__init__()
-        self.conv, self.bn = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
-
-    def forward(self, x):
-        return torch.relu(self.bn(self.conv(x)))
-
-
-class BasicBlock(nn.Module):
-    """ResNet's basic block: conv-bn-relu, conv-bn, + identity, relu."""
-
-    def __init__(self, channels):
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(channels)
-
-    def forward(self, x):
-        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
-
-
-def models(quick: bool):
-    """name -> (module, example input)."""
-    s = 4 if quick else 1
-    return {
-        "elementwise_chain": lambda: (ElementwiseChain(1024), torch.randn(4096 // s, 1024)),
-        "softmax": lambda: (Softmax(), torch.randn(2048 // s, 1024)),
-        "layer_norm": lambda: (nn.LayerNorm(768), torch.randn(4096 // s, 768)),
-        "mlp": lambda: (MLP(512, 1024, 256), torch.randn(256 // s, 512)),
-        "conv_bn_relu": lambda: (ConvBNReLU(32, 32), torch.randn(1, 32, 56 // s, 56 // s)),
-        "resnet_basic_block": lambda: (BasicBlock(32), torch.randn(1, 32, 56 // s, 56 // s)),
-        "transformer_encoder_layer": lambda: (
-            nn.TransformerEncoderLayer(256 // s, 4, 1024 // s, dropout=0.0, batch_first=True),
-            torch.randn(4, 128 // s, 256 // s)),
-    }
 
 
 def _number(single_s: float) -> int:
@@ -103,7 +48,7 @@ def _number(single_s: float) -> int:
     return max(1, int(0.02 / max(single_s, 1e-6)))
 
 
-def _median_ms(fn, repeat: int) -> float:
+def median_ms(fn, repeat: int) -> float:
     fn()
     t0 = time.perf_counter()
     fn()
@@ -117,68 +62,126 @@ def _median_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def bench_one(name, module, x, repeat: int, fusion: str) -> dict:
+def vm_median_ms(vm, args, repeat: int) -> float:
+    """TVM's time_evaluator on the Relax VM: how both tvm_ext and TVM are timed."""
+    single = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1)(*args).median
+    result = vm.time_evaluator("main", tvm.cpu(), number=_number(single), repeat=repeat)(*args)
+    return statistics.median(result.results) * 1e3
+
+
+def copy_bandwidth_gbs(mbytes: int = 256, repeat: int = 7) -> float:
+    """Bytes read + written per second by a large copy (the roofline's bandwidth)."""
+    a = np.ones(mbytes << 18, np.float32)
+    b = np.empty_like(a)
+    times = []
+    for _ in range(repeat + 2):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t0)
+    return 2 * a.nbytes / statistics.median(times[2:]) / 1e9
+
+
+def must_move_bytes(mod: tvm.IRModule) -> int:
+    """The model's inputs, outputs and weights (constants), each moved once."""
+    def nbytes(ty) -> int:
+        if isinstance(ty, tvm.relax.TupleType):
+            return sum(nbytes(f) for f in ty.fields)
+        return math.prod(int(d) for d in ty.shape.values) * tvm.DataType(str(ty.dtype)).bits // 8
+
+    main = mod["main"]
+    total = sum(nbytes(p.ty) for p in main.params) + nbytes(main.ret_ty)
+    consts = []
+    tvm.relax.analysis.post_order_visit(main, lambda e: consts.append(e) if isinstance(e, tvm.ir.GenericConst) else None)
+    return total + sum(c.value.numpy().nbytes for c in {id(c): c for c in consts}.values())
+
+
+def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, bandwidth: float) -> dict:
+    module, x = workload.make()
     module.eval()
     target = tvm_ext.host_target()
     imported = from_torch(module, (x,))
-    compiled = tvm_ext.compile(imported, target=target, fusion=fusion)
     xn = x.numpy()
     with torch.no_grad():
         ref = module(x).numpy()
-    ok = bool(np.allclose(compiled(xn), ref, rtol=1e-3, atol=1e-3))
-
-    # tvm_ext and TVM are timed the same way: TVM's time_evaluator on the Relax VM.
-    single = compiled.benchmark(xn, number=1, repeat=1).median_ms / 1e3
-    ours = compiled.benchmark(xn, number=_number(single), repeat=repeat).median_ms
-    vm = tvm_default_build(imported, target)
-    xt = tvm.runtime.tensor(xn)
-    single = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1)(xt).median
-    tvm_ms = statistics.median(vm.time_evaluator("main", tvm.cpu(), number=_number(single),
-                                                 repeat=repeat)(xt).results) * 1e3
+    row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True}
+    for fusion in fusions:
+        compiled = tvm_ext.compile(imported, target=target, fusion=fusion)
+        row["ok"] &= bool(np.allclose(compiled(xn), ref, rtol=1e-3, atol=1e-3))
+        single = compiled.benchmark(xn, number=1, repeat=1).median_ms / 1e3
+        row["ours_ms"][fusion] = compiled.benchmark(xn, number=_number(single), repeat=repeat).median_ms
+        row["kernels"][fusion] = compiled.report().num_kernels
+    row["tvm_ms"] = vm_median_ms(tvm_default_build(imported, target), [tvm.runtime.tensor(xn)], repeat)
+    row["tvm_fused_kernels"] = tvm_fused_kernel_count(imported)
     with torch.no_grad():
-        torch_ms = _median_ms(lambda: module(x), repeat)
-    report = compiled.report()
-    return {"model": name, "ok": ok, "ours_ms": ours, "tvm_ms": tvm_ms, "torch_ms": torch_ms,
-            "kernels": report.num_kernels, "tvm_fused_kernels": tvm_fused_kernel_count(imported),
-            "vs_tvm": tvm_ms / ours, "vs_torch": torch_ms / ours}
+        row["eager_ms"] = median_ms(lambda: module(x), repeat)
+        row["compile_ms"] = None
+        if with_compile:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                compiled_torch = torch.compile(module)
+                compiled_torch(x)
+                row["compile_ms"] = median_ms(lambda: compiled_torch(x), repeat)
+    row["best"] = min(row["ours_ms"], key=row["ours_ms"].get)
+    best = row["ours_ms"][row["best"]]
+    row["vs_tvm"], row["vs_eager"] = row["tvm_ms"] / best, row["eager_ms"] / best
+    row["vs_compile"] = row["compile_ms"] / best if row["compile_ms"] else None
+    row["must_move_bytes"] = must_move_bytes(imported)
+    row["roofline_ms"] = row["must_move_bytes"] / (bandwidth * 1e9) * 1e3 if workload.memory_bound else None
+    row["x_roof"] = best / row["roofline_ms"] if row["roofline_ms"] else None
+    return row
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, 3 repeats")
     parser.add_argument("--models", default="", help="comma-separated subset")
+    parser.add_argument("--fusion", default="autofuse,nnvm", help="tvm_ext fusion strategies to time")
     parser.add_argument("--repeat", type=int, default=0, help="measurements per median (default 9, quick 3)")
+    parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--fusion", default="nnvm", help="tvm_ext's fusion strategy (nnvm, chains, none)")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(THREADS))
     torch.manual_seed(0)
-    table = models(args.quick)
+    table = workloads(args.quick)
     names = [m for m in args.models.split(",") if m] or list(table)
     unknown = [m for m in names if m not in table]
     if unknown:
         print(f"unknown models {unknown}; choose from {list(table)}", file=sys.stderr)
         return 2
+    fusions = [f for f in args.fusion.split(",") if f]
     repeat = args.repeat or (3 if args.quick else 9)
-    print(f"threads: {THREADS}, repeat: {repeat}, torch {torch.__version__}, tvm {tvm.__version__}")
-    print(f"tvm_ext fusion: {args.fusion}; kernels: ours / TVM FuseOps+FuseTIR on the same module")
-    header = (f"{'model':28s} {'tvm_ext ms':>10s} {'TVM ms':>10s} {'torch ms':>10s} {'vs TVM':>8s} "
-              f"{'vs torch':>8s} {'kernels':>9s} check")
-    print(header)
+    bandwidth = copy_bandwidth_gbs()
+    print(f"threads {THREADS}, repeat {repeat}, torch {torch.__version__}, tvm {tvm.__version__}, "
+          f"copy bandwidth {bandwidth:.1f} GB/s")
+    cols = " ".join(f"{f[:9]:>9s}" for f in fusions)
+    print(f"{'model (ms)':26s} {cols} {'TVM':>9s} {'eager':>8s} {'compile':>8s} | {'vs TVM':>7s} {'vs eager':>8s} "
+          f"{'vs comp':>7s} {'x roof':>6s} | kernels ({'/'.join(f[:4] for f in fusions)}/TVM)")
     rows = []
     for name in names:
-        module, x = table[name]()
-        row = bench_one(name, module, x, repeat, args.fusion)
+        row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile, bandwidth)
         rows.append(row)
-        kernels = f"{row['kernels']}/{row['tvm_fused_kernels']}"
-        print(f"{name:28s} {row['ours_ms']:10.3f} {row['tvm_ms']:10.3f} {row['torch_ms']:10.3f} "
-              f"{row['vs_tvm']:7.2f}x {row['vs_torch']:7.2f}x {kernels:>9s} {'ok' if row['ok'] else 'MISMATCH'}",
-              flush=True)
-    geo = lambda key: float(np.exp(np.mean([np.log(r[key]) for r in rows])))  # noqa: E731
-    print(f"{'geomean':28s} {'':10s} {'':10s} {'':10s} {geo('vs_tvm'):7.2f}x {geo('vs_torch'):7.2f}x")
+        ours = " ".join(f"{row['ours_ms'][f]:9.3f}" for f in fusions)
+        kernels = "/".join(str(row["kernels"][f]) for f in fusions) + f"/{row['tvm_fused_kernels']}"
+        print(f"{name:26s} {ours} {row['tvm_ms']:9.3f} {row['eager_ms']:8.3f} {_fmt(row['compile_ms'], '8.3f'):>8s} | "
+              f"{row['vs_tvm']:6.2f}x {row['vs_eager']:7.2f}x {_fmt(row['vs_compile'], '6.2f'):>6s}x "
+              f"{_fmt(row['x_roof'], '5.2f'):>5s}x | {kernels}{'' if row['ok'] else '  MISMATCH'}", flush=True)
+
+    def geo(key):
+        vals = [r[key] for r in rows if r[key]]
+        return float(np.exp(np.mean(np.log(vals)))) if vals else None
+
+    per_fusion = {f: float(np.exp(np.mean([np.log(r["tvm_ms"] / r["ours_ms"][f]) for r in rows]))) for f in fusions}
+    print(f"{'geomean':26s} {' ' * 10 * len(fusions)}{'':9s} {'':8s} {'':8s} | {geo('vs_tvm'):6.2f}x "
+          f"{geo('vs_eager'):7.2f}x {_fmt(geo('vs_compile'), '6.2f'):>6s}x")
+    print("geomean speed-up over TVM per strategy: " + ", ".join(f"{f} {v:.2f}x" for f, v in per_fusion.items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": int(THREADS), "repeat": repeat, "fusion": args.fusion, "rows": rows}, f, indent=1)
+            json.dump({"threads": int(THREADS), "repeat": repeat, "bandwidth_gbs": bandwidth, "fusions": fusions,
+                       "rows": rows, "geomean_vs_tvm": per_fusion}, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -252,7 +252,8 @@ class _Lowering:
         if node.kind == "op" and reason in ("scalar-graph", "disabled") and node.lowerable:
             kid = self._new_kernel([node.index])  # still our kernel, just not fused
             self.plan.kernels[kid].outputs.add(node.index)
-        self.plan.boxes[node.index] = KernelBox(node.index, BoxKind.EXTERN, rule=reason)
+        value = self._memory_value(node.var) if isinstance(node.var.ty, relax.TensorType) else None
+        self.plan.boxes[node.index] = KernelBox(node.index, BoxKind.EXTERN, value, rule=reason)
         if node.kind == "op":
             self._decide(node.index, "extern", reason, node.why_not)
 

@@ -215,6 +215,11 @@ for _axis, _keep in [(None, False), ([1], True), ([0, 2], False), ([-1], False)]
                           REDUCE, shapes=_reduce_shapes, id=_suffix))
 CASES.append(Case("relax.sum", lambda x: R.sum(x, axis=[1]), normal(), lambda x: x.sum(1), REDUCE,
                   shapes=_fixed((33, 1024)), id="long rows"))
+CASES.append(Case("relax.topk", lambda x: relax.Tuple([relax.TupleGetItem(R.topk(x, 1, axis=1), i) for i in range(2)]),
+                  small_ints_as_float, lambda x: (x.max(1, keepdims=True), x.argmax(1)[:, None]), EXACT,
+                  shapes=_fixed((5, 9, 3)), id="max and first index"))
+CASES.append(Case("relax.topk", lambda x: R.topk(x, 1, axis=-1, ret_type="values", largest=False), normal(),
+                  lambda x: x.min(-1, keepdims=True), EXACT, shapes=_fixed((4, 300)), id="min values"))
 CASES.append(Case("relax.max", lambda x: R.max(x, axis=[0]), normal(), lambda x: x.max(0), EXACT,
                   shapes=_fixed((300, 96)), id="columns"))
 

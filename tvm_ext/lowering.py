@@ -248,17 +248,36 @@ def normalize_axes(axes: Sequence[int] | None, ndim: int, node: str = "") -> tup
     return tuple(sorted(set(out)))
 
 
-def reduce_stage(kb: KernelBuilder, shape: Sequence[int], extents: Sequence[int],
-                 body: Callable[[tuple, list], L.LoopExpr], kind: str, acc_dtype: str,
-                 name: str) -> TensorValue:
-    """Realize ``shape`` where element ``idx`` reduces ``body(idx, ks)`` over reduce axes ``ks``
-    of the given ``extents`` (a kernel-local stage, or an output if stored later)."""
+def reduction(shape: Sequence[int], extents: Sequence[int], body: Callable[[tuple, list], L.LoopExpr],
+              kind: str, acc_dtype: str, name: str) -> TensorValue:
+    """The (unrealized) value whose element ``idx`` reduces ``body(idx, ks)`` over reduce axes
+    ``ks`` of the given ``extents``. It must be realized before it is read."""
     def loader(idx):
         ks = [te.reduce_axis((0, int(n)), name=f"k{j}") for j, n in enumerate(extents)]
         expr = L.cast(body(idx, [k.var for k in ks]), acc_dtype)
         return L.Reduce(kind, expr, tuple(ks))
 
-    return kb.realize(TensorValue(shape, acc_dtype, loader, name), name)
+    return TensorValue(shape, acc_dtype, loader, name)
+
+
+def reduce_stage(kb: KernelBuilder, shape: Sequence[int], extents: Sequence[int],
+                 body: Callable[[tuple, list], L.LoopExpr], kind: str, acc_dtype: str,
+                 name: str) -> TensorValue:
+    """A reduction realized as a stage of ``kb`` (kernel-local, or an output if stored later)."""
+    return kb.realize(reduction(shape, extents, body, kind, acc_dtype, name), name)
+
+
+def on_first_load(kb: KernelBuilder, value: TensorValue, name: str) -> TensorValue:
+    """``value``, realized as a stage the first time something loads it: an output of a
+    multi-output op that nothing reads costs nothing."""
+    realized: list[TensorValue] = []
+
+    def loader(idx):
+        if not realized:
+            realized.append(kb.realize(value, name))
+        return realized[0].load(idx)
+
+    return TensorValue(value.shape, value.dtype, loader, name)
 
 
 def reduce(kb: KernelBuilder, value: TensorValue, axes: Sequence[int] | None, kind: str,

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import tvm
 from tvm import relax
 
+from relay_passes.fold_tuples import FoldTupleGetItem
 from relay_passes.fold_weights import FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
@@ -61,7 +62,7 @@ class Pipeline:
     def prepare(self, mod: tvm.IRModule) -> tvm.IRModule:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
-        seq = [relax.transform.ConvertToDataflow(), *self.passes, FoldWeightLayout(),
+        seq = [relax.transform.ConvertToDataflow(), *self.passes, FoldWeightLayout(), FoldTupleGetItem(),
                relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination()]
         with self.target:
             return tvm.transform.Sequential(seq)(mod)

@@ -6,7 +6,8 @@ pointwise work around it (the 1/N of a mean) stays fusable.
 from __future__ import annotations
 
 from tvm_ext import loop_ir as L
-from tvm_ext.lowering import TensorValue, normalize_axes, pointwise, reduce
+from tvm_ext.lowering import (TensorValue, check_no_lowering, normalize_axes, on_first_load, pointwise, reduce,
+                              reduction)
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, register_op
 
@@ -76,3 +77,37 @@ def _std(node: OpNode) -> TensorValue:
     x = node.args[0]
     v = variance(node, x, _axes(node, x), _keepdims(node), L.compute_dtype(node.out_dtype))
     return pointwise(L.sqrt, [v], node.out_dtype, node.name)
+
+
+@register_op("relax.topk", OpPattern.COMM_REDUCE)
+def _topk(node: OpNode) -> TensorValue | list[TensorValue]:
+    """k = 1 only (what ``max(dim)`` imports as): the max (or min) and the first index where
+    it occurs, each a reduction computed only if something reads it. Larger k keeps TVM's
+    sort-based kernel."""
+    check_no_lowering(int(node.attr("k")) != 1, "topk with k > 1")
+    x = node.args[0]
+    axis = normalize_axes([node.attr("axis")], x.ndim, node.name)[0]
+    kind = "max" if bool(node.attr("largest", True)) else "min"
+    shape = tuple(1 if d == axis else s for d, s in enumerate(x.shape))
+    n = x.shape[axis]
+
+    def at(idx, k):
+        return [k if d == axis else i for d, i in enumerate(idx)]
+
+    values = on_first_load(node.kb, reduction(shape, [n], lambda idx, ks: x.load(at(idx, ks[0])), kind,
+                                              L.compute_dtype(x.dtype), node.name + "_values"), node.name + "_values")
+    values = cast_like(values, x.dtype)
+    index_dtype = str(node.attr("dtype", "int64"))
+
+    def first_index(idx, ks):
+        hit = L.equal(L.cast(x.load(at(idx, ks[0])), values.dtype), values.load(idx))
+        return L.select(hit, L.IndexValue(ks[0], index_dtype), L.Const(n, index_dtype))
+
+    indices = on_first_load(node.kb, reduction(shape, [n], first_index, "min", index_dtype, node.name + "_indices"),
+                            node.name + "_indices")
+    ret = str(node.attr("ret_type", "both"))
+    return {"both": [values, indices], "values": values, "indices": indices}[ret]
+
+
+def cast_like(value: TensorValue, dtype: str) -> TensorValue:
+    return pointwise(lambda v: v, [value], dtype, value.name, promote=False)

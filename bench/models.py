@@ -1,0 +1,120 @@
+"""The benchmark's workloads: PyTorch modules and their example inputs (nothing downloaded)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class ElementwiseChain(nn.Module):
+    """relu(x * sigmoid(x) * 2 + b) - 0.5: five memory-bound ops, a broadcast bias."""
+
+    def __init__(self, cols):
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(cols))
+
+    def forward(self, x):
+        return torch.relu(x * torch.sigmoid(x) * 2 + self.b) - 0.5
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+class LogSoftmax(nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, dim=-1)
+
+
+class SoftmaxByHand(nn.Module):
+    """Softmax spelled out (max, subtract, exp, sum, divide): fusion has to find it."""
+
+    def forward(self, x):
+        e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+        return e / e.sum(dim=-1, keepdim=True)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm written as models write it: x * rsqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class LayerNormByHand(nn.Module):
+    """LayerNorm spelled out: mean, centred variance, normalize, scale and shift."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+        self.bias = nn.Parameter(0.1 * torch.randn(dim))
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + 1e-5) * self.weight + self.bias
+
+
+class MLP(nn.Module):
+    def __init__(self, dim, hidden, out):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(dim, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, out)
+
+    def forward(self, x):
+        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
+
+
+class ConvBNReLU(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: conv-bn-relu, conv-bn, + identity, relu."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
+
+
+@dataclass
+class Workload:
+    make: Callable[[], tuple[nn.Module, torch.Tensor]]
+    memory_bound: bool  # its roofline is bandwidth: report the distance to it
+
+
+def workloads(quick: bool) -> dict[str, Workload]:
+    s = 4 if quick else 1
+    rows = 4096 // s
+    return {
+        "elementwise_chain": Workload(lambda: (ElementwiseChain(1024), torch.randn(rows, 1024)), True),
+        "softmax": Workload(lambda: (Softmax(), torch.randn(rows // 2, 1024)), True),
+        "softmax_by_hand": Workload(lambda: (SoftmaxByHand(), torch.randn(rows // 2, 1024)), True),
+        "log_softmax": Workload(lambda: (LogSoftmax(), torch.randn(rows // 2, 1024)), True),
+        "layer_norm": Workload(lambda: (nn.LayerNorm(768), torch.randn(rows, 768)), True),
+        "layer_norm_by_hand": Workload(lambda: (LayerNormByHand(768), torch.randn(rows, 768)), True),
+        "rms_norm": Workload(lambda: (RMSNorm(768), torch.randn(rows, 768)), True),
+        "mlp": Workload(lambda: (MLP(512, 1024, 256), torch.randn(256 // s, 512)), False),
+        "conv_bn_relu": Workload(lambda: (ConvBNReLU(32, 32), torch.randn(1, 32, 56 // s, 56 // s)), False),
+        "resnet_basic_block": Workload(lambda: (BasicBlock(32), torch.randn(1, 32, 56 // s, 56 // s)), False),
+        "transformer_encoder_layer": Workload(lambda: (
+            nn.TransformerEncoderLayer(256 // s, 4, 1024 // s, dropout=0.0, batch_first=True),
+            torch.randn(4, 128 // s, 256 // s)), False),
+    }
