@@ -193,7 +193,7 @@ def test_plan_prints_master_root_and_pattern_per_node():
 
 
 def test_decisions_reach_the_compiled_report():
-    compiled = tvm_ext.compile(build_module(_diamond, CONV_SPECS))
+    compiled = tvm_ext.compile(build_module(_diamond, CONV_SPECS), fusion="nnvm")
     report = compiled.report()
     assert any(d.reason.startswith(fp.FUSED_DIAMOND) for d in report.decisions)
     assert "fused:diamond" in report.decisions_text()

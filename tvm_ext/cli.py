@@ -16,14 +16,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="compile a built-in transformer block, check it, time it")
     demo.add_argument("--model", default="transformer_block",
                       help="built-in model: transformer_block, elementwise_chain, softmax, layer_norm")
-    demo.add_argument("--fusion", default="nnvm", help="nnvm | chains | none")
+    demo.add_argument("--fusion", default="autofuse", help="autofuse | nnvm | tvm | chains | none")
     demo.add_argument("--repeat", type=int, default=7, help="timed repeats (median reported)")
 
     comp = sub.add_parser("compile", help="compile an ONNX model and print its fusion report")
     comp.add_argument("model", help="path to a .onnx file")
     comp.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
                       help="input shape for a dynamic input (repeatable)")
-    comp.add_argument("--fusion", default="nnvm", help="nnvm | chains | none")
+    comp.add_argument("--fusion", default="autofuse", help="autofuse | nnvm | tvm | chains | none")
     comp.add_argument("--report", action="store_true", help="print the per-kernel report")
     comp.add_argument("--decisions", action="store_true", help="print the fusion decision log")
     comp.add_argument("--benchmark", action="store_true", help="time the compiled model on random inputs")

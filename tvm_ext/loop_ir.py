@@ -219,6 +219,15 @@ def count_nodes(expr: LoopExpr) -> int:
     return sum(1 for _ in walk(expr))
 
 
+def tree_size(expr: LoopExpr) -> int:
+    """Nodes the expression would have as a tree: what recomputing every shared subexpression
+    (no memoized loads, no CSE) would build. Exponential in the depth of a fan-out chain."""
+    sizes: dict[int, int] = {}
+    for node in reversed(list(walk(expr))):  # children before parents
+        sizes[id(node)] = 1 + sum(sizes[id(c)] for c in node.children())
+    return sizes[id(expr)]
+
+
 def count_loads(expr: LoopExpr) -> int:
     return sum(1 for n in walk(expr) if isinstance(n, Load))
 

@@ -46,7 +46,7 @@ class Pipeline:
     """Configuration of one compilation; ``run`` does all stages."""
 
     target: Any = None
-    fusion: Any = "nnvm"  # a FUSION_CHOICES name or a partitioner (relay_passes.AutoFuse(...))
+    fusion: Any = "autofuse"  # a FUSION_CHOICES name or a partitioner (relay_passes.AutoFuse(...))
     passes: Sequence[tvm.ir.transform.Pass] = ()  # user passes run after import, before fusion
     schedule: bool = True  # give our kernels their default schedule
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
@@ -123,7 +123,7 @@ class Pipeline:
 
 
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
-            fusion: Any = "nnvm", passes: Sequence[tvm.ir.transform.Pass] = (),
+            fusion: Any = "autofuse", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
             registry: OpRegistry = OPS, exact_math: bool = False) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
