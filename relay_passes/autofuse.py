@@ -61,7 +61,9 @@ STOP_RULES: dict[str, str] = {
                         "symbolic shape, an unsupported dtype): its inputs are realized (seed rules 4, 12, 13).",
     "anchor-input": "A matmul or conv2d reads each input element many times: inlining a computed "
                     "input would recompute it per use, so only pure views are inlined into anchors.",
-    "device": "Producer and reader are on different devices (VDevice; the seed's stream label, rule 6).",
+    "device": "Producer and reader carry different device labels: the function's tvm_ext.ctx_group "
+              "(NNVM's ctx_group) or their VDevice (the seed's stream label, rule 6). Relax itself "
+              "only lets values cross VDevices through to_vdevice, which realizes them anyway.",
     "realize-op": "The op is in realize_ops and is realized at once, as a kernel-local stage "
                   "(the seed's Exp rule, rule 7).",
     "unused-input": "The reader does not read the input's values (zeros_like, ...): the input is "
@@ -271,19 +273,17 @@ class _Lowering:
             if box is None:
                 values[v] = self._memory_value(v)
                 continue
-            if box.kind is BoxKind.LOCAL and anchor:  # an anchor starts its own kernel
-                self._realize(box, "anchor-input", f"{node.name} ({node.op.replace('relax.', '')}) reads it")
-            if box.kind is BoxKind.FUSABLE:
+            if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                 rule = None
                 if node.op in _IGNORES_INPUTS:
                     rule, detail = "unused-input", f"{node.name} reads only its shape"
-                elif anchor and not _view_only(box):
+                elif anchor and (box.kind is BoxKind.LOCAL or not _view_only(box)):
                     rule, detail = "anchor-input", f"{node.name} ({node.op.replace('relax.', '')}) reads it"
-                elif _device(g[box.node]) != _device(node) and None not in (_device(g[box.node]), _device(node)):
-                    rule, detail = "device", f"{_device(g[box.node])} -> {_device(node)}"
+                elif g[box.node].device != node.device and None not in (g[box.node].device, node.device):
+                    rule, detail = "device", f"{g[box.node].device} -> {node.device}"
                 if rule is not None:
                     self._realize(box, rule, detail)
-                else:
+                elif box.kind is BoxKind.FUSABLE:
                     members |= box.members
                     self._decide(box.node, "inline", "fusable",
                                  f"into {node.name}" + (" (recomputed)" if len(g.op_readers(g[box.node])) > 1 else ""))
@@ -429,11 +429,6 @@ def _size(node: Node) -> int:
         return size
     except (AttributeError, TypeError):
         return 2
-
-
-def _device(node: Node) -> str | None:
-    vdev = getattr(node.var.ty, "vdevice", None)
-    return None if vdev is None else str(vdev)
 
 
 def _view_only(box: KernelBox) -> bool:

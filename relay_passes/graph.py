@@ -31,6 +31,7 @@ class Node:
     inputs: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
     is_output: bool = False  # read after the block (a non-dataflow var)
+    device: str | None = None  # device label: its ctx_group, else its VDevice; None = any
     lowerable: bool = False
     why_not: str = ""  # why our lowering cannot take it (for the report)
 
@@ -55,7 +56,8 @@ class Node:
 class DataflowGraph:
     """Nodes of a dataflow block in program (topological) order."""
 
-    def __init__(self, block: relax.DataflowBlock, registry: OpRegistry = OPS):
+    def __init__(self, block: relax.DataflowBlock, registry: OpRegistry = OPS,
+                 ctx_groups: dict[str, str] | None = None):
         self.block = block
         self.nodes: list[Node] = []
         index_of: dict[relax.Var, int] = {}
@@ -65,6 +67,8 @@ class DataflowGraph:
                 if v in index_of and index_of[v] not in node.inputs:
                     node.inputs.append(index_of[v])
             node.is_output = not isinstance(binding.var, relax.DataflowVar)
+            vdevice = getattr(binding.var.ty, "vdevice", None)
+            node.device = (ctx_groups or {}).get(node.name) or (None if vdevice is None else str(vdevice))
             index_of[binding.var] = i
             self.nodes.append(node)
         for node in self.nodes:

@@ -43,6 +43,8 @@ class MakeGroups:
         rewriter = _GroupRewriter(mod, self)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function) and not _is_primitive(func):
+                groups = func.attrs.get(attrs.CTX_GROUP) if func.attrs is not None else None
+                rewriter.ctx_groups = {str(k): str(v) for k, v in groups.items()} if groups else {}
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return rewriter.builder_.get()
 
@@ -57,9 +59,10 @@ class _GroupRewriter(PyExprMutator):
         super().__init__(mod)
         self.owner = owner
         self.names = {gv.name_hint for gv in mod.get_global_vars()}
+        self.ctx_groups: dict[str, str] = {}
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock):
-        graph = DataflowGraph(block, self.owner.registry)
+        graph = DataflowGraph(block, self.owner.registry, self.ctx_groups)
         part = self.owner.partitioner(graph)
         self.owner.partitions.append(part)
         self.builder_._begin_dataflow_block()

@@ -79,7 +79,7 @@ MODELS = [
 
 
 @pytest.mark.parametrize("name,factory,shape", MODELS, ids=[m[0] for m in MODELS])
-@pytest.mark.parametrize("fusion", ["nnvm", "chains", "none"])
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "tvm", "chains", "none"])
 def test_torch_model_matches_pytorch(name, factory, shape, fusion):
     model = factory().eval()
     x = torch.randn(*shape)
@@ -90,7 +90,7 @@ def test_torch_model_matches_pytorch(name, factory, shape, fusion):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     report = compiled.report()
     assert report.num_kernels > 0
-    assert all(k.source == "ours" for k in report.kernels), str(report)
+    assert all(k.source == ("tvm" if fusion == "tvm" else "ours") for k in report.kernels), str(report)
 
 
 @pytest.mark.parametrize("name,factory,shape", MODELS, ids=[m[0] for m in MODELS])
@@ -98,15 +98,16 @@ def test_nnvm_fusion_needs_no_more_kernels_than_tvm_fuse_ops(name, factory, shap
     model = factory().eval()
     x = torch.randn(*shape)
     mod = from_torch(model, (x,))
-    ours = tvm_ext.compile(mod, fusion="nnvm", strict=True).report().num_kernels
     theirs = tvm_fused_kernel_count(mod)
-    assert ours <= theirs, f"{name}: {ours} kernels, TVM FuseOps+FuseTIR {theirs}"
+    for fusion in ("nnvm", "autofuse"):
+        ours = tvm_ext.compile(mod, fusion=fusion, strict=True).report().num_kernels
+        assert ours <= theirs, f"{name}: {ours} kernels with {fusion}, TVM FuseOps+FuseTIR {theirs}"
 
 
 def test_resnet_block_is_two_kernels_with_fused_epilogues():
     model = _randomize_bn(BasicBlock()).eval()
     x = torch.randn(1, 16, 8, 8)
-    report = tvm_ext.compile(model, (x,), strict=True).report()
+    report = tvm_ext.compile(model, (x,), fusion="nnvm", strict=True).report()
     assert [k.ops for k in report.kernels] == [["nn.conv2d", "nn.batch_norm", "nn.relu"],
                                                ["nn.conv2d", "nn.batch_norm", "add", "nn.relu"]]
     assert all("epilogue of" in k.schedule for k in report.kernels)

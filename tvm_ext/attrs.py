@@ -7,4 +7,5 @@ MASTER = "tvm_ext.master"  # on grouped functions and kernels: "name:op" of the 
 KERNEL = "tvm_ext.kernel"  # on PrimFuncs we generated: the group's pattern name
 OPS = "tvm_ext.ops"  # on our PrimFuncs: comma-separated Relax ops the kernel covers
 LOOP_IR = "tvm_ext.loop_ir"  # on our PrimFuncs: the kernel's Loop IR, as text
+CTX_GROUP = "tvm_ext.ctx_group"  # on Relax functions: binding name -> device group label (NNVM's ctx_group)
 SCHEDULE = "tvm_ext.schedule"  # on our PrimFuncs: the plan applied to each block

@@ -223,8 +223,16 @@ def tree_size(expr: LoopExpr) -> int:
     """Nodes the expression would have as a tree: what recomputing every shared subexpression
     (no memoized loads, no CSE) would build. Exponential in the depth of a fan-out chain."""
     sizes: dict[int, int] = {}
-    for node in reversed(list(walk(expr))):  # children before parents
-        sizes[id(node)] = 1 + sum(sizes[id(c)] for c in node.children())
+    stack = [(expr, False)]
+    while stack:  # post-order without recursion: children are sized before their parent
+        node, ready = stack.pop()
+        if id(node) in sizes:
+            continue
+        if ready:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in node.children())
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node.children() if id(c) not in sizes)
     return sizes[id(expr)]
 
 

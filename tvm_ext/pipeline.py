@@ -63,7 +63,8 @@ class Pipeline:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
         seq = [relax.transform.ConvertToDataflow(), *self.passes, FoldWeightLayout(), FoldTupleGetItem(),
-               relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination()]
+               relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
+               relax.transform.DeadCodeElimination()]
         with self.target:
             return tvm.transform.Sequential(seq)(mod)
 
