@@ -33,7 +33,7 @@ def _softmax(node: OpNode) -> TensorValue:
     m = reduce(node.kb, x, axis, "max", True, cdt, node.name + "_max")
     e = node.kb.realize(pointwise(lambda v, mu: L.exp(v - mu), [x, m], cdt, node.name + "_exp"))
     s = reduce(node.kb, e, axis, "sum", True, cdt, node.name + "_sum")
-    return pointwise(lambda v, t: v / t, [e, s], node.out_dtype, node.name)
+    return pointwise(lambda v, t: v * (1.0 / t), [e, s], node.out_dtype, node.name)  # 1/t: once per row
 
 
 @register_op("relax.nn.log_softmax", OpPattern.OUT_EWISE_FUSABLE)
