@@ -1,10 +1,19 @@
-"""Schedules: how each generated kernel's loops run (the graph is never touched here)."""
+"""Schedules: how each generated kernel's loops run (the graph is never touched here).
+
+``axes`` holds the ImplGraph axis model, ``builder`` the ScheduleResult / ScheduleGroup and
+the builder policies use, ``policies`` the schedule policies with their knobs, and
+``heuristic`` the untuned choice of one ScheduleResult per kernel.
+"""
 from __future__ import annotations
 
 import tvm
 from tvm import tirx
 
-from schedules.default import ScheduleConfig, block_kind, inline_intermediates, schedule_prim_func
+from schedules.analysis import Machine, block_infos
+from schedules.axes import AxisRuleError, AxisType, ImplGraph
+from schedules.builder import ScheduleBuilder, ScheduleGroup, ScheduleResult
+from schedules.heuristic import inline_intermediates, schedule_kernel
+from schedules.policies import POLICIES
 from tvm_ext import attrs
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OPS
@@ -12,18 +21,18 @@ from tvm_ext.registry import OPS
 
 @tvm.ir.transform.module_pass(opt_level=0, name="ScheduleKernels")
 class ScheduleKernels:
-    """Give every PrimFunc that FuseCompile generated its default schedule.
+    """Give every PrimFunc that FuseCompile generated the heuristic's ScheduleResult.
 
     ``all_kernels=True`` schedules TVM's own (legalized or FuseTIR-fused) kernels too, after
     inlining their elementwise intermediate blocks: the "tvm" fusion strategy.
     """
 
-    def __init__(self, config: ScheduleConfig | None = None, all_kernels: bool = False):
-        self.config = config
+    def __init__(self, machine: Machine | None = None, all_kernels: bool = False):
+        self.machine = machine
         self.all_kernels = all_kernels
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        config = self.config or ScheduleConfig()
+        machine = self.machine or Machine()
         out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc):
@@ -32,13 +41,12 @@ class ScheduleKernels:
             if ours or self.all_kernels:
                 if not ours:
                     func = inline_intermediates(func)
-                scheduled, plans = schedule_prim_func(func, config, _master_is_anchor(func))
-                plan_text = ", ".join(f"{b}:{p}" for b, p in plans.items())
-                out[gv] = scheduled.with_attr(attrs.SCHEDULE, plan_text)
+                result = schedule_kernel(func, machine, master_is_anchor(func), gv.name_hint)
+                out[gv] = result.func.with_attr(attrs.SCHEDULE, result.summary())
         return out
 
 
-def _master_is_anchor(func: tirx.PrimFunc) -> bool:
+def master_is_anchor(func: tirx.PrimFunc) -> bool:
     """Whether the group was built around an anchor (its epilogue then runs on the anchor's
     tiles); a master re-pointed to an elementwise node keeps the stages apart."""
     master = str(func.attrs.get(attrs.MASTER, "")) if func.attrs is not None else ""
@@ -46,4 +54,5 @@ def _master_is_anchor(func: tirx.PrimFunc) -> bool:
     return opdef is None or opdef.pattern == OpPattern.OUT_EWISE_FUSABLE
 
 
-__all__ = ["ScheduleConfig", "ScheduleKernels", "block_kind", "schedule_prim_func"]
+__all__ = ["AxisRuleError", "AxisType", "ImplGraph", "Machine", "POLICIES", "ScheduleBuilder", "ScheduleGroup",
+           "ScheduleKernels", "ScheduleResult", "block_infos", "master_is_anchor", "schedule_kernel"]

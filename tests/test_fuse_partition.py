@@ -88,7 +88,7 @@ def test_diamond_compiles_to_one_kernel_matching_numpy():
     compiled = compile_strict(build_module(_diamond, CONV_SPECS), fusion="nnvm")
     (kernel,) = compiled.report().kernels
     assert kernel.ops == ["nn.conv2d", "nn.relu", "sigmoid", "negative", "add", "add"]
-    assert "epilogue of" in kernel.schedule  # the branches run on the conv's output tiles
+    assert "epilogue on the tile" in kernel.schedule  # the branches run on the conv's output tiles
     c = _conv_ref(x, w)
     np.testing.assert_allclose(compiled(x, w), np.maximum(c, 0) + 1 / (1 + np.exp(-c)) - c, rtol=1e-5, atol=1e-5)
 
@@ -125,7 +125,7 @@ def test_repointed_group_compiles_and_keeps_its_stages_apart():
     x, w, y, z = _rand((1, 4, 6, 6), (4, 4, 3, 3), (1, 4, 6, 6), (1, 4, 6, 6))
     compiled = compile_strict(build_module(_repoint, REPOINT_SPECS), fusion="nnvm")
     (kernel,) = compiled.report().kernels
-    assert kernel.pattern == "OutEWiseFusable" and "epilogue of" not in kernel.schedule
+    assert kernel.pattern == "OutEWiseFusable" and "epilogue on the tile" not in kernel.schedule
     want = _conv_ref(x, w) + y.transpose(0, 1, 3, 2) + 1 / (1 + np.exp(-z))
     np.testing.assert_allclose(compiled(x, w, y, z), want, rtol=1e-5, atol=1e-5)
 

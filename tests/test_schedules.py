@@ -1,90 +1,218 @@
-"""The default schedule: which plan each block gets, what it does to the loops, and that
-scheduled kernels compute what unscheduled ones do on awkward shapes."""
+"""ImplGraph schedules: the axis rules (the seed's examples), every policy against the
+unscheduled kernel on awkward shapes, and the heuristic's choices."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, s_tir, te
+from tvm import relax, te
 
+import tvm_ext
 from conftest import build_module
-from schedules import ScheduleConfig, block_kind, schedule_prim_func
-from tvm_ext import compile as tvm_ext_compile
+from schedules import AxisRuleError, AxisType, ImplGraph, Machine, ScheduleBuilder, block_infos, schedule_kernel
+from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows,
+                                RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
 
 R = relax.op
+MACHINE = Machine(cores=2, vector_bytes=64)
 
 
-def _func(*tensors):
-    return te.create_prim_func(list(tensors))
+# --------------------------------------------------------------------------- the axis model
+def test_split_names_types_and_sizes_follow_the_seed():
+    g = ImplGraph.of_block("B", [100, 24])
+    g.block_split("z0", 25)
+    g.tile_split("z1", 8)
+    assert g.names == ["z0B", "z0b", "z1T", "z1t"]
+    z0B, z0b, z1T = g["z0B"], g["z0b"], g["z1T"]
+    assert (z0B.type, z0B.size, z0B.size_expr, z0B.from_, z0B.split_pair) == \
+        (AxisType.BLOCK_OUTER, 4, "ceil(s0/s0b)", ("z0",), "z0b")
+    assert (z0b.type, z0b.size, z0b.size_expr) == (AxisType.BLOCK_INNER, 25, "s0b")
+    assert (z1T.type, z1T.size, z1T.size_expr) == (AxisType.TILE_OUTER, 3, "ceil(s1/s1t)")
 
 
-def _kinds(func):
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    return {sch.get(b).name_hint: block_kind(sch, sch.get(b).name_hint)
-            for b in sch.get_child_blocks(sch.get_sblock("root"))}
+def test_at_most_one_block_outer_axis():
+    g = ImplGraph.of_block("B", [8, 8])
+    g.block_split("z0", 2)
+    with pytest.raises(AxisRuleError, match="at most one block-outer axis"):
+        g.block_split("z1", 2)
 
 
-def test_block_kinds_from_access_patterns():
-    A = te.placeholder((64, 32), "float32", name="A")
-    B = te.placeholder((32, 48), "float32", name="B")
-    k = te.reduce_axis((0, 32), name="k")
-    mm = te.compute((64, 48), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="mm")
-    k2 = te.reduce_axis((0, 32), name="k2")
-    rows = te.compute((64,), lambda i: te.sum(A[i, k2], axis=k2), name="rows")
-    k3 = te.reduce_axis((0, 64), name="k3")
-    cols = te.compute((32,), lambda j: te.sum(A[k3, j], axis=k3), name="cols")
-    ew = te.compute((64, 32), lambda i, j: A[i, j] * 2, name="ew")
-    assert _kinds(_func(A, B, mm, rows, cols, ew)) == {
-        "mm": "anchor", "rows": "row_reduce", "cols": "anchor", "ew": "pointwise"}
+def test_consecutive_axes_merge():
+    # seed: sched.axis = [z0, z1, z2, z3]: [z1, z2, z3] are consecutive
+    g = ImplGraph.of_block("B", [2, 3, 4, 5])
+    merged = g.merge("z1", "z2", "z3")
+    assert g.names == ["z0", merged] and g[merged].type is AxisType.MERGED and g[merged].size == 60
+    assert g[merged].from_ == ("z1", "z2", "z3") and g[merged].size_expr == "s1*s2*s3"
+    with pytest.raises(AxisRuleError, match="only consecutive axes"):
+        ImplGraph.of_block("B", [2, 3, 4]).merge("z0", "z2")
 
 
-def _script(func):
-    return tvm.IRModule({"main": func}).script()
+def test_split_axes_are_consecutive_with_their_neighbours():
+    # seed: [z0, z1T, z1t, z2T, z2t, z3]: [z1t, z2T] are consecutive
+    g = ImplGraph.of_block("B", [2, 8, 8, 2])
+    g.tile_split("z1", 4)
+    g.tile_split("z2", 2)
+    assert g.names == ["z0", "z1T", "z1t", "z2T", "z2t", "z3"]
+    assert g[g.merge("z1t", "z2T")].size == 16
 
 
-def test_pointwise_plan_parallelizes_and_vectorizes():
-    A = te.placeholder((256, 1024), "float32", name="A")
-    C = te.compute((256, 1024), lambda i, j: A[i, j] + 1, name="C")
-    func, plans = schedule_prim_func(_func(A, C), ScheduleConfig(cores=2, vector_bytes=64))
-    assert plans == {"C": "pointwise"}
-    text = _script(func)
-    assert "T.parallel" in text and "T.vectorized(16)" in text
+def test_reordered_original_axes_are_consecutive_in_their_new_order():
+    # seed: reordered to [z0, z2, z1, z3]: [z0, z2] are consecutive
+    g = ImplGraph.of_block("B", [2, 3, 4, 5])
+    g.reorder("z2", "z1")
+    assert g.names == ["z0", "z2", "z1", "z3"]
+    assert g[g.merge("z0", "z2")].size == 8
+
+
+def test_a_split_axis_that_was_reordered_cannot_merge():
+    # seed: z1 split, then [z0, z1T, z2, z1t, z3]: [z2, z1t] and [z1t, z3] cannot merge, [z0, z1T] can
+    g = ImplGraph.of_block("B", [2, 8, 4, 5])
+    g.tile_split("z1", 2)
+    g.reorder("z2", "z1t")
+    assert g.names == ["z0", "z1T", "z2", "z1t", "z3"]
+    for pair in (("z2", "z1t"), ("z1t", "z3")):
+        with pytest.raises(AxisRuleError, match="z1t was split and then reordered"):
+            g.merge(*pair)
+    assert g[g.merge("z0", "z1T")].size == 8
+
+
+def test_loop_axis_and_vectorized_fields():
+    # seed: four axes, loop axis z1: the step computes [z1? no: z2, z3] with strides [s3, 1]
+    g = ImplGraph.of_block("B", [2, 3, 4, 5])
+    g.set_loop_axis("z1")
+    assert g.vectorized_axis == ["z2", "z3"] and g.vectorized_stride == [5, 1]
+    table = g.table()
+    assert "sched.loop_axis = z1" in table and "vectorized_stride = [5, 1]" in table
+
+
+# --------------------------------------------------------------------------- policies
+def _pointwise(shape):
+    A = te.placeholder(shape, "float32", name="A")
+    B = te.compute(shape, lambda *i: te.exp(A(*i)) * 2.0, name="B")
+    return te.create_prim_func([A, B])
+
+
+def _transpose(n, m):
+    A = te.placeholder((n, m), "float32", name="A")
+    return te.create_prim_func([A, te.compute((m, n), lambda i, j: A[j, i] + 1.0, name="T")])
+
+
+def _row_sum(rows, cols):
+    A = te.placeholder((rows, cols), "float32", name="A")
+    k = te.reduce_axis((0, cols), name="k")
+    return te.create_prim_func([A, te.compute((rows,), lambda i: te.sum(A[i, k], axis=k), name="S")])
+
+
+def _matmul(m, k_, n, epilogue=False):
+    A = te.placeholder((m, k_), "float32", name="A")
+    B = te.placeholder((k_, n), "float32", name="B")
+    k = te.reduce_axis((0, k_), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    if epilogue:
+        D = te.compute((m, n), lambda i, j: te.max(C[i, j], tvm.tirx.const(0.0, "float32")), name="D")
+        return te.create_prim_func([A, B, D])
+    return te.create_prim_func([A, B, C])
+
+
+def _softmax(rows, cols):
+    mod = build_module(lambda x: R.nn.softmax(x, axis=-1), [((rows, cols), "float32")])
+    pipe = tvm_ext.Pipeline(schedule=False)
+    lowered, _ = pipe.lower(pipe.prepare(mod))
+    return next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def _run(func, inputs, out_shapes):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tvm_ext.host_target())
+    args = [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.empty(s, "float32") for s in out_shapes]
+    lib["main"](*args)
+    return [a.numpy() for a in args[len(inputs):]]
+
+
+POLICY_CASES = [
+    (MergeAllBlockVectorize, 0, lambda: _pointwise((33, 77))),
+    (MergeAllBlockVectorize, 0, lambda: _pointwise((64, 256))),
+    (Keep2D, 0, lambda: _pointwise((7, 3, 1000))),
+    (Keep2D, 0, lambda: _pointwise((129, 48))),
+    (TransposeTile, 0, lambda: _transpose(96, 64)),
+    (RowPerCore, 0, lambda: _row_sum(37, 1000)),
+    (RowPerCore, 0, lambda: _row_sum(5000, 64)),
+    (SplitReduction, 0, lambda: _row_sum(1, 40000)),
+    (RegisterTiledAnchor, 0, lambda: _matmul(37, 53, 29)),
+    (RegisterTiledAnchor, 0, lambda: _matmul(128, 96, 64)),
+    (RegisterTiledAnchor, 0, lambda: _matmul(64, 33, 48, epilogue=True)),
+    (PersistentRows, -1, lambda: _softmax(7, 999)),
+    (PersistentRows, -1, lambda: _softmax(64, 512)),
+    (ParallelOnly, 0, lambda: _row_sum(4096, 8)),
+]
+
+
+@pytest.mark.parametrize("policy_cls,block_index,make", POLICY_CASES,
+                         ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(POLICY_CASES)])
+def test_every_policy_candidate_matches_the_unscheduled_kernel(policy_cls, block_index, make):
+    func = make()
+    inputs = [np.random.default_rng(i).standard_normal([int(d) for d in p.shape]).astype("float32")
+              for i, p in enumerate(func.params[:-1])]
+    out_shape = [int(d) for d in func.params[-1].shape]
+    (want,) = _run(func, inputs, [out_shape])
+    policy = policy_cls(MACHINE)
+    info = block_infos(ScheduleBuilder(func).sch)[block_index]
+    assert policy.applies(info, ScheduleBuilder(func))
+    tried = 0
+    for knobs in policy.candidates(info):
+        builder = ScheduleBuilder(func)
+        try:
+            policy.apply(builder, info, knobs)
+        except (ValueError, RuntimeError):
+            continue  # a candidate TVM rejects is skipped by the heuristic and the tuner too
+        (got,) = _run(builder.sch.mod["main"], inputs, [out_shape])
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4, err_msg=str(knobs))
+        tried += 1
+    assert tried >= 1
+
+
+def test_policies_are_listed():
+    assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
+                                          "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
+
+
+# --------------------------------------------------------------------------- the heuristic
+def _choices(func):
+    return [p.partition("@")[0] for p, _ in schedule_kernel(func, MACHINE).choices]
+
+
+def test_heuristic_picks_by_kind_and_shape():
+    assert _choices(_pointwise((256, 1024))) == ["keep_2d"]
+    assert _choices(_pointwise((4096, 3))) == ["merge_all"]
+    assert _choices(_transpose(256, 256)) == ["transpose_tile"]
+    assert _choices(_row_sum(128, 1024)) == ["row_per_core"]
+    assert _choices(_row_sum(1, 1 << 16)) == ["split_reduction"]
+    assert _choices(_matmul(128, 64, 96)) == ["register_tile"]
+    assert _choices(_softmax(64, 512)) == ["persistent_rows"]
+
+
+def test_anchor_result_describes_its_groups():
+    result = schedule_kernel(_matmul(128, 64, 96, epilogue=True), MACHINE, name="mm_relu")
+    text = result.describe()
+    assert "[register tile] ImplGraph of C" in text and "[epilogue on the tile] ImplGraph of D" in text
+    c = next(g.impl for g in result.groups if g.block == "C")
+    assert c.parallel is not None and c[c.parallel].type is AxisType.BLOCK_OUTER
+    assert c.vectorized_axis == [c.names[-1]] and c[c.names[-1]].size == 32
+    assert "T.parallel" in result.script() and "T.vectorized(32)" in result.script()
 
 
 def test_small_kernels_stay_serial():
-    A = te.placeholder((4, 16), "float32", name="A")
-    C = te.compute((4, 16), lambda i, j: A[i, j] + 1, name="C")
-    func, _ = schedule_prim_func(_func(A, C), ScheduleConfig(cores=2, vector_bytes=64))
-    assert "T.parallel" not in _script(func)
+    assert "T.parallel" not in schedule_kernel(_pointwise((4, 16)), MACHINE).script()
 
 
-def test_row_reduce_plan_uses_rfactor_and_a_vector_accumulator():
-    A = te.placeholder((128, 1024), "float32", name="A")
-    k = te.reduce_axis((0, 1024), name="k")
-    S = te.compute((128,), lambda i: te.sum(A[i, k], axis=k), name="S")
-    func, plans = schedule_prim_func(_func(A, S), ScheduleConfig(cores=2, vector_bytes=64))
-    assert plans == {"S": "row_reduce"}
-    text = _script(func)
-    assert "S_rf" in text and "T.vectorized(16)" in text and "T.parallel" in text
-
-
-def test_short_rows_fall_back_to_the_parallel_plan():
-    A = te.placeholder((4096, 8), "float32", name="A")
-    k = te.reduce_axis((0, 8), name="k")
-    S = te.compute((4096,), lambda i: te.max(A[i, k], axis=k), name="S")
-    _, plans = schedule_prim_func(_func(A, S), ScheduleConfig(cores=2, vector_bytes=64))
-    assert plans == {"S": "parallel_only"}
-
-
-def test_anchor_plan_tiles_matmul_with_a_cached_accumulator():
-    A = te.placeholder((128, 64), "float32", name="A")
-    B = te.placeholder((64, 96), "float32", name="B")
-    k = te.reduce_axis((0, 64), name="k")
-    C = te.compute((128, 96), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    func, plans = schedule_prim_func(_func(A, B, C), ScheduleConfig(cores=2, vector_bytes=64))
-    assert plans == {"C": "anchor"}
-    text = _script(func)
-    assert "C_global" in text and "T.vectorized(32)" in text and "C_init" in text
+def test_normalizations_run_row_by_row_in_one_loop_nest():
+    mod = build_module(lambda a: R.nn.softmax(a, axis=-1), [((64, 512), "float32")])
+    compiled = tvm_ext.compile(mod)
+    (kernel,) = compiled.report().kernels
+    assert {p.split(":")[1] for p in kernel.schedule.split(", ")} == {"persistent_rows"}
+    assert compiled.lowered_module.script().count("T.parallel") == 1  # one row loop holds every stage
+    x = np.random.default_rng(0).standard_normal((64, 512)).astype("float32")
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(compiled(x), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
 AWKWARD = [
@@ -96,35 +224,22 @@ AWKWARD = [
     ("elementwise 1001x3", lambda a: R.exp(R.multiply(a, a)), [(1001, 3)]),
     ("conv2d 1x5x13x17", lambda a, w: R.nn.conv2d(a, w, padding=1), [(1, 5, 13, 17), (7, 5, 3, 3)]),
     ("column mean 4099x33", lambda a: R.mean(a, axis=[0]), [(4099, 33)]),
+    ("transpose 129x65", lambda a: R.add(R.permute_dims(a), relax.const(1.0, "float32")), [(129, 65)]),
 ]
 
 
 @pytest.mark.parametrize("name,make,shapes", AWKWARD, ids=[a[0] for a in AWKWARD])
-def test_scheduled_equals_unscheduled(name, make, shapes):
-    from tvm_ext.pipeline import Pipeline
-
+def test_scheduled_model_equals_unscheduled(name, make, shapes):
     mod = build_module(make, [(s, "float32") for s in shapes])
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s).astype("float32") for s in shapes]
-    scheduled = Pipeline(strict=True).run(mod)
-    plain = Pipeline(strict=True, schedule=False).run(mod)
-    assert any(k.schedule for k in scheduled.report().kernels)
+    scheduled = tvm_ext.Pipeline(strict=True).run(mod)
+    plain = tvm_ext.Pipeline(strict=True, schedule=False).run(mod)
+    assert all(k.schedule for k in scheduled.report().kernels)
     np.testing.assert_allclose(scheduled(*inputs), plain(*inputs), rtol=2e-5, atol=2e-5)
 
 
 def test_schedule_is_recorded_in_the_report():
     mod = build_module(lambda a, b: R.matmul(a, b), [((64, 64), "float32"), ((64, 64), "float32")])
-    (kernel,) = tvm_ext_compile(mod).report().kernels
-    assert kernel.schedule == "gv:anchor"
-
-
-def test_normalizations_run_row_by_row_in_one_loop_nest():
-    mod = build_module(lambda a: R.nn.softmax(a, axis=-1), [((64, 512), "float32")])
-    compiled = tvm_ext_compile(mod)
-    (kernel,) = compiled.report().kernels
-    assert set(p.split(":")[1] for p in kernel.schedule.split(", ")) == {"persistent_rows"}
-    text = compiled.lowered_module.script()
-    assert text.count("T.parallel") == 1  # one row loop holds every stage
-    x = np.random.default_rng(0).standard_normal((64, 512)).astype("float32")
-    e = np.exp(x - x.max(-1, keepdims=True))
-    np.testing.assert_allclose(compiled(x), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    (kernel,) = tvm_ext.compile(mod).report().kernels
+    assert sorted(kernel.schedule.split(", ")) == ["gv:register_tile", "gv_global:write-back of the tile"]

@@ -18,8 +18,7 @@ from relay_passes.fold_weights import FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS
-from schedules import ScheduleKernels
-from schedules.default import ScheduleConfig
+from schedules import Machine, ScheduleKernels
 from tvm_ext.compiled_model import CompiledModel, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
@@ -77,7 +76,7 @@ class Pipeline:
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.RewriteDataflowReshape()]
         if self.schedule:
-            seq.append(ScheduleKernels(ScheduleConfig.for_target(self.target)))
+            seq.append(ScheduleKernels(Machine.for_target(self.target)))
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         return lowered, _report(lowered, groups, fuse)
@@ -87,7 +86,7 @@ class Pipeline:
         seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
                relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()]
         if self.schedule:
-            seq.append(ScheduleKernels(ScheduleConfig.for_target(self.target), all_kernels=True))
+            seq.append(ScheduleKernels(Machine.for_target(self.target), all_kernels=True))
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         kernels, views = kernels_of(lowered)

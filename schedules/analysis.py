@@ -1,0 +1,102 @@
+"""What a schedule needs to know about a kernel's blocks, read from its TIR alone."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+
+SPATIAL, REDUCE = 0, 2
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The target's shape, as schedules see it."""
+
+    cores: int = len(os.sched_getaffinity(0))
+    vector_bytes: int = 64  # AVX-512
+    l1_bytes: int = 48 << 10
+    l2_bytes: int = 2 << 20
+    parallel_min_elems: int = 4096  # below this a parallel launch costs more than it saves
+
+    @classmethod
+    def for_target(cls, target: tvm.target.Target) -> "Machine":
+        cores = int(target.attrs.get("num-cores", 0) or len(os.sched_getaffinity(0)))
+        return cls(cores=cores, vector_bytes=64 if has_avx512(target) else 32)
+
+
+def has_avx512(target: tvm.target.Target) -> bool:
+    mcpu = str(target.attrs.get("mcpu", ""))
+    mattr = " ".join(str(a) for a in target.attrs.get("mattr", []) or [])
+    if "avx512" in mattr:
+        return True
+    return mcpu in ("skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client",
+                    "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5")
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One block: its kind and iteration extents."""
+
+    name: str
+    kind: str  # "pointwise", "transpose", "row_reduce", "anchor", "reduce"
+    spatial: tuple[int, ...]
+    reduce: tuple[int, ...]
+    dtype_bits: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.spatial)
+
+    def lanes(self, machine: Machine) -> int:
+        return max(1, machine.vector_bytes * 8 // self.dtype_bits)
+
+
+def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
+    out = []
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        ivars = list(block.iter_vars)
+        spatial = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == SPATIAL)
+        reduce = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == REDUCE)
+        bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
+        out.append(BlockInfo(block.name_hint, _kind(block), spatial, reduce, bits))
+    return out
+
+
+def _kind(block) -> str:
+    ivars = list(block.iter_vars)
+    spatial = [iv.var for iv in ivars if int(iv.iter_type) == SPATIAL]
+    reduce = [iv.var for iv in ivars if int(iv.iter_type) == REDUCE]
+    last_dims = [r.region[-1].min for r in block.reads if len(r.region)]
+    if not reduce:
+        if spatial and last_dims and not any(_unit_stride(e, spatial[-1]) or _constant(e) for e in last_dims):
+            return "transpose"  # no read is contiguous along the innermost written axis
+        return "pointwise"
+    extent = {iv.var: int(iv.dom.extent) for iv in ivars}
+    if spatial and any(_unit_stride(e, spatial[-1]) for e in last_dims) and extent[spatial[-1]] >= 4:
+        return "anchor"
+    if any(_unit_stride(e, reduce[-1]) for e in last_dims):
+        return "row_reduce"
+    return "reduce"
+
+
+def _unit_stride(expr, var) -> bool:
+    coeffs = tvm.sym.detect_linear_equation(expr, [var])
+    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0]) == 1
+
+
+def _constant(expr) -> bool:
+    return not tirx.analysis.undefined_vars(expr, [])
+
+
+def vector_factor(n: int, lanes: int) -> int:
+    """The widest vector (lanes, lanes/2, ... 4) that divides ``n``; 0 if none."""
+    f = lanes
+    while f >= 4:
+        if n % f == 0:
+            return f
+        f //= 2
+    return 0

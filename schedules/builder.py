@@ -1,0 +1,190 @@
+"""ScheduleResult and ScheduleGroup, and the builder that makes them on a ``tvm.s_tir.Schedule``.
+
+A ScheduleResult is one complete implementation of a kernel: one ScheduleGroup per block
+(per sub-computation: a reduction's partial sums, the reduction, the pointwise work around
+it), each described by its ImplGraph. Groups may share outer axes (a stage computed under
+another's row loop): the axes they share keep the owner's names.
+
+Policies (``schedules.policies``) build results through a ``ScheduleBuilder``: per-group
+axis transformations go through the group's bound ImplGraph, operations that involve
+several blocks (rfactor, compute_at, cache_write, ...) through the builder, which rebinds
+the ImplGraphs of the blocks whose loops TVM regenerated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import tvm
+from tvm import s_tir, tirx
+
+from schedules.axes import Axis, AxisType, ImplGraph
+
+REDUCE = 2
+
+
+@dataclass
+class ScheduleGroup:
+    """One sub-computation of a kernel (one block) and how it iterates."""
+
+    block: str
+    impl: ImplGraph
+    role: str = ""  # what the policy made of it: "row reduction", "epilogue", ...
+
+
+@dataclass
+class ScheduleResult:
+    """One complete implementation of a kernel: the policies used, their knobs, the groups."""
+
+    kernel: str
+    choices: list[tuple[str, dict]]  # (policy name, knobs) per scheduled block or block set
+    groups: list[ScheduleGroup]
+    func: tirx.PrimFunc
+    trace: str = ""
+
+    @property
+    def policy(self) -> str:
+        return " + ".join(p for p, _ in self.choices)
+
+    def summary(self) -> str:
+        """``block:policy`` for the blocks a policy chose, ``block:role`` for the blocks it
+        placed around them (partial sums, an epilogue on the tile, ...)."""
+        chosen = {p.partition("@")[2]: p.partition("@")[0] for p, _ in self.choices if "@" in p}
+        whole = [p for p, _ in self.choices if "@" not in p]
+        parts = []
+        for g in self.groups:
+            label = chosen.get(g.block) or (whole[0] if whole else g.role or "unscheduled")
+            parts.append(f"{g.block}:{label}")
+        return ", ".join(parts)
+
+    @property
+    def knobs(self) -> dict:
+        out: dict = {}
+        for p, k in self.choices:
+            out.update({f"{p}.{name}": v for name, v in k.items()})
+        return out
+
+    def describe(self) -> str:
+        """Every group's axis table."""
+        head = f"ScheduleResult of {self.kernel}: " + "; ".join(f"{p} {k}" for p, k in self.choices)
+        return "\n".join([head] + [f"[{g.role or 'group'}] " + g.impl.table() for g in self.groups])
+
+    def script(self) -> str:
+        return tvm.IRModule({"main": self.func}).script()
+
+
+@dataclass
+class ScheduleBuilder:
+    """A schedule of one PrimFunc with an ImplGraph bound to every block."""
+
+    func: tirx.PrimFunc
+    sch: s_tir.Schedule = field(init=False)
+    groups: dict[str, ScheduleGroup] = field(init=False, default_factory=dict)
+    choices: list = field(init=False, default_factory=list)
+
+    def __post_init__(self):
+        self.sch = s_tir.Schedule(tvm.IRModule({"main": self.func}))
+        for name in self.block_names():
+            self.groups[name] = ScheduleGroup(name, self._fresh_impl(name))
+
+    # ------------------------------------------------------------------ blocks
+    def block_names(self) -> list[str]:
+        return [self.sch.get(b).name_hint for b in self.sch.get_child_blocks(self.sch.get_sblock("root"))]
+
+    def block(self, name: str):
+        return self.sch.get(self.sch.get_sblock(name))
+
+    def impl(self, name: str) -> ImplGraph:
+        return self.groups[name].impl
+
+    def _fresh_impl(self, name: str, shared: list[Axis] | None = None) -> ImplGraph:
+        """An ImplGraph over the block's current loops; the first ``len(shared)`` loops are
+        another group's axes (kept with their names), the others get fresh names."""
+        block = self.sch.get_sblock(name)
+        loops = self.sch.get_loops(block)
+        shared = shared or []
+        kinds = _loop_kinds(self.sch, block, loops)
+        axes = list(shared)
+        for i, loop in enumerate(loops[len(shared):], start=len(shared)):
+            axes.append(Axis(f"z{i}", AxisType.ORIGINAL, int(self.sch.get(loop).extent), f"s{i}",
+                             reduce=kinds[i]))
+        return ImplGraph(name, axes).bind(self.sch, loops)
+
+    # ------------------------------------------------------------------ multi-block operations
+    def rfactor(self, name: str, axis: str, factor_axis: int = 0) -> str:
+        """Partial reductions over ``axis`` (the returned ``*_rf`` group); ``name`` then
+        reduces them."""
+        rf = self.sch.rfactor(self.impl(name).loops[axis], factor_axis=factor_axis)
+        rf_name = self.sch.get(rf).name_hint
+        self.groups[rf_name] = ScheduleGroup(rf_name, self._fresh_impl(rf_name), "partial reduction")
+        self.groups[name].impl = self._fresh_impl(name)
+        return rf_name
+
+    def compute_at(self, name: str, target: str, axis: str) -> None:
+        """Compute ``name`` (a producer) inside ``target``'s loop ``axis``."""
+        self.sch.compute_at(self.sch.get_sblock(name), self.impl(target).loops[axis])
+        self._rebind_under(name, target, axis)
+
+    def reverse_compute_at(self, name: str, target: str, axis: str) -> None:
+        """Compute ``name`` (a consumer) inside ``target``'s loop ``axis``."""
+        self.sch.reverse_compute_at(self.sch.get_sblock(name), self.impl(target).loops[axis])
+        self._rebind_under(name, target, axis)
+
+    def cache_write(self, name: str) -> str:
+        """Accumulate ``name`` in a local buffer; the returned group copies it out."""
+        cache = self.sch.cache_write(self.sch.get_sblock(name), 0, "global")
+        copy_out = self.sch.get(cache).name_hint  # the new block that copies the tile out
+        for n in self.block_names():
+            if n not in self.groups:
+                self.groups[n] = ScheduleGroup(n, self._fresh_impl(n), "write-back")
+        return copy_out
+
+    def decompose_reduction(self, name: str, axis: str) -> None:
+        """Hoist the reduction's initialization out of ``axis``."""
+        self.sch.decompose_reduction(self.sch.get_sblock(name), self.impl(name).loops[axis])
+
+    def _rebind_under(self, name: str, target: str, axis: str) -> None:
+        owner = self.impl(target)
+        shared = owner.axis[:owner.index(axis) + 1]
+        self.groups[name].impl = self._fresh_impl(name, shared)
+        # the target's own loop handles are unchanged; the moved block's are new
+        for a in shared:
+            self.groups[name].impl.loops[a.name] = owner.loops[a.name]
+
+    def copy(self) -> "ScheduleBuilder":
+        """An independent builder in the same state (a policy that fails leaves this intact)."""
+        other = object.__new__(ScheduleBuilder)
+        other.func = self.func
+        other.sch = self.sch.copy()  # the copy keeps the loop and block handles valid
+        other.groups = {}
+        for name, g in self.groups.items():
+            impl = replace(g.impl, axis=list(g.impl.axis), steps=list(g.impl.steps),
+                           unrolled=list(g.impl.unrolled), loops=dict(g.impl.loops), sch=other.sch)
+            other.groups[name] = ScheduleGroup(g.block, impl, g.role)
+        other.choices = list(self.choices)
+        return other
+
+    # ------------------------------------------------------------------ result
+    def choose(self, policy: str, knobs: dict) -> None:
+        self.choices.append((policy, dict(knobs)))
+
+    def result(self, kernel: str) -> ScheduleResult:
+        order = self.block_names()
+        groups = sorted(self.groups.values(), key=lambda g: order.index(g.block) if g.block in order else len(order))
+        return ScheduleResult(kernel, list(self.choices), groups, self.sch.mod["main"], str(self.sch.trace))
+
+
+def _loop_kinds(sch: s_tir.Schedule, block, loops) -> list[bool]:
+    """Whether each loop drives a reduction iterator of the block."""
+    blk = sch.get(block)
+    if not loops:
+        return []
+    realize = sch.get(loops[-1]).body
+    values = getattr(realize, "iter_values", None)
+    if values is None:  # not directly under its innermost loop: say spatial
+        return [False] * len(loops)
+    reduce_bindings = [v for iv, v in zip(blk.iter_vars, values) if int(iv.iter_type) == REDUCE]
+    return [any(_uses(b, sch.get(loop).loop_var) for b in reduce_bindings) for loop in loops]
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr, []))

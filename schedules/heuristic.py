@@ -1,0 +1,99 @@
+"""A good schedule without tuning: one ScheduleResult per kernel, chosen from shapes alone.
+
+For every block, in order, the heuristic picks a policy by the block's kind and knobs from
+its extents and the machine (vector width, core count); a multi-stage normalization kernel
+gets the persistent-row form as a whole. A policy TVM rejects falls back to the next one,
+down to ``ParallelOnly``, so a kernel is never left worse than unscheduled. The tuner
+improves on these choices by measuring the policies' search spaces.
+"""
+from __future__ import annotations
+
+from schedules.analysis import BlockInfo, Machine, block_infos
+from schedules.builder import ScheduleBuilder, ScheduleResult
+from schedules.policies import (Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, Policy,
+                                RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
+
+import tvm
+from tvm import s_tir, tirx
+
+_FAILURES = (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError, KeyError)
+
+
+def policies_for(info: BlockInfo, machine: Machine) -> list[Policy]:
+    """The policies to try for a block, best first by the heuristic."""
+    if info.kind == "anchor":
+        order = [RegisterTiledAnchor]
+    elif info.kind == "row_reduce":
+        order = [RowPerCore, SplitReduction] if info.size >= machine.cores else [SplitReduction, RowPerCore]
+    elif info.kind == "reduce":
+        order = [SplitReduction]
+    elif info.kind == "transpose":
+        order = [TransposeTile, Keep2D, MergeAllBlockVectorize]
+    elif len(info.spatial) >= 2 and info.spatial[-1] >= info.lanes(machine):
+        order = [Keep2D, MergeAllBlockVectorize]
+    else:
+        order = [MergeAllBlockVectorize, Keep2D]
+    return [p(machine) for p in order] + [ParallelOnly(machine)]
+
+
+def default_knobs(policy: Policy, info: BlockInfo, fuse_epilogue: bool) -> dict:
+    knobs = policy.default(info)
+    if isinstance(policy, RegisterTiledAnchor):
+        knobs["epilogue"] = fuse_epilogue
+        knobs["k_unroll"] = 4
+        # about 128 accumulators (8 AVX-512 registers): 4 rows of a 32-wide tile, 8 of an 8-wide one
+        tiles_i = policy.space(info)["tile_i"]
+        want = max(1, min(8, 128 // max(1, knobs["tile_j"])))
+        knobs["tile_i"] = min(tiles_i, key=lambda t: (abs(t - want), -t))
+    if isinstance(policy, Keep2D):
+        knobs["unroll"] = False
+    return knobs
+
+
+def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epilogue: bool = True,
+                    name: str = "kernel") -> ScheduleResult:
+    """Schedule every block of ``func`` by the heuristic; returns the ScheduleResult."""
+    builder = ScheduleBuilder(func)
+    infos = block_infos(builder.sch)
+    rows = PersistentRows(machine)
+    if rows.applies(infos[-1], builder):
+        trial = builder.copy()
+        try:
+            knobs = rows.default(infos[-1])
+            rows.apply(trial, infos[-1], knobs)
+            trial.choose(rows.name, knobs)
+            return trial.result(name)
+        except _FAILURES:
+            pass
+    done: set[str] = set()
+    for info in infos:
+        if info.name in done:
+            continue
+        for policy in policies_for(info, machine):
+            if not policy.applies(info, builder):
+                continue
+            knobs = default_knobs(policy, info, fuse_epilogue)
+            trial = builder.copy()
+            try:
+                claimed = policy.apply(trial, info, knobs)
+            except _FAILURES:
+                continue
+            builder = trial
+            builder.choose(f"{policy.name}@{info.name}", knobs)
+            done.update(claimed)
+            break
+    return builder.result(name)
+
+
+def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Inline every elementwise block whose result only feeds other blocks of ``func`` (TVM's
+    FuseTIR keeps one block per fused op, each writing a full intermediate buffer)."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        for inline in (sch.compute_inline, sch.reverse_compute_inline):
+            try:
+                inline(block)
+                break
+            except (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError):
+                continue
+    return sch.mod["main"]

@@ -1,0 +1,405 @@
+"""Schedule policies: each builds one kind of ScheduleResult from knobs.
+
+A policy is a small class: ``applies(info)`` says whether it fits a block, ``space(info)``
+lists the values each knob may take (the tuner's search space), ``default(info)`` picks
+knobs from shapes alone, and ``apply(builder, info, knobs)`` transforms the block's
+ImplGraph (and, for multi-block forms, its neighbours') on the schedule. The transforms
+are the seed's: block split (the BlockOuter axis runs across the cores), tile split,
+merge of consecutive axes, reorder; plus the CPU's vectorize and unroll and the
+multi-block rfactor / compute_at / cache_write.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator
+
+from schedules.analysis import BlockInfo, Machine, vector_factor
+from schedules.builder import ScheduleBuilder
+
+
+class Policy:
+    name = "policy"
+    blocks_claimed = 1  # blocks one application schedules (multi-block forms claim more)
+
+    def __init__(self, machine: Machine):
+        self.machine = machine
+
+    def applies(self, info: BlockInfo, builder: ScheduleBuilder) -> bool:
+        raise NotImplementedError
+
+    def space(self, info: BlockInfo) -> dict[str, list]:
+        return {}
+
+    def default(self, info: BlockInfo) -> dict:
+        return {k: v[0] for k, v in self.space(info).items()}
+
+    def candidates(self, info: BlockInfo) -> Iterator[dict]:
+        space = self.space(info)
+        keys = list(space)
+        for values in itertools.product(*(space[k] for k in keys)):
+            yield dict(zip(keys, values))
+
+    def apply(self, builder: ScheduleBuilder, info: BlockInfo, knobs: dict) -> list[str]:
+        """Transform the block; return the names of the blocks it scheduled."""
+        raise NotImplementedError
+
+    # shared pieces -----------------------------------------------------------------
+    def parallel_outer(self, builder: ScheduleBuilder, block: str, names: list[str], work: int) -> None:
+        """Merge ``names`` and block-split the result over the cores: its BlockOuter axis (one
+        per ImplGraph) runs one chunk per core."""
+        if not names or work < self.machine.parallel_min_elems or self.machine.cores < 2:
+            return
+        impl = builder.impl(block)
+        outer = impl.merge_all(names)
+        size = impl[outer].size
+        if size < 2:
+            return
+        if size > self.machine.cores:
+            outer, _ = impl.block_split(outer, math.ceil(size / self.machine.cores))
+        impl.mark_parallel(outer)
+
+    def vectorize_tail(self, builder: ScheduleBuilder, block: str, name: str, vector: int) -> str | None:
+        """Tile-split ``name`` by ``vector`` and vectorize the inner part; returns the outer
+        axis (None when the whole axis became the vector)."""
+        impl = builder.impl(block)
+        size = impl[name].size
+        if vector and size > vector and size % vector == 0:
+            outer, inner = impl.tile_split(name, vector)
+            impl.mark_vectorized(inner)
+            return outer
+        if 2 <= size <= 2 * self.lanes_of(builder, block):
+            impl.mark_vectorized(name)
+        return None if size <= 2 * self.lanes_of(builder, block) else name
+
+    def lanes_of(self, builder: ScheduleBuilder, block: str) -> int:
+        import tvm
+        bits = tvm.DataType(str(builder.block(block).writes[0].source.dtype)).bits
+        return max(1, self.machine.vector_bytes * 8 // bits)
+
+
+# ---------------------------------------------------------------------- pointwise
+class MergeAllBlockVectorize(Policy):
+    """Merge every axis into one, block-split it over the cores, vectorize a tile of it."""
+
+    name = "merge_all"
+
+    def applies(self, info, builder):
+        return info.kind in ("pointwise", "transpose") and info.size >= 4
+
+    def space(self, info):
+        lanes = info.lanes(self.machine)
+        vectors = [v for v in (lanes * 2, lanes, lanes // 2, 4) if v >= 4 and info.size % v == 0]
+        return {"vector": sorted(set(vectors), reverse=True) or [0]}
+
+    def apply(self, builder, info, knobs):
+        impl = builder.impl(info.name)
+        z = impl.merge_all(impl.names)
+        outer = self.vectorize_tail(builder, info.name, z, knobs["vector"])
+        if outer is not None:
+            self.parallel_outer(builder, info.name, [outer], info.size)
+        return [info.name]
+
+
+class Keep2D(Policy):
+    """Keep the innermost axis: block-split the merged outer axes over the cores, vectorize
+    the inner axis (no div/mod in the inner loop's indices)."""
+
+    name = "keep_2d"
+
+    def applies(self, info, builder):
+        return info.kind in ("pointwise", "transpose") and len(info.spatial) >= 2 and info.spatial[-1] >= 4
+
+    def space(self, info):
+        n, lanes = info.spatial[-1], info.lanes(self.machine)
+        vectors = [v for v in (lanes * 2, lanes, lanes // 2, 4) if v >= 4 and n % v == 0]
+        return {"vector": sorted(set(vectors), reverse=True) or [0], "unroll": [False, True]}
+
+    def apply(self, builder, info, knobs):
+        impl = builder.impl(info.name)
+        names = impl.names
+        rest = self.vectorize_tail(builder, info.name, names[-1], knobs["vector"])
+        if rest is not None and knobs.get("unroll") and impl[rest].size <= 8:
+            impl.mark_unrolled(rest)
+            rest = None
+        outer = names[:-1] + ([rest] if rest is not None else [])
+        self.parallel_outer(builder, info.name, outer, info.size)
+        return [info.name]
+
+
+class TransposeTile(Policy):
+    """Tile the last two axes so a transposed read and the write both touch whole cache
+    lines; the outer tile axis runs across the cores, the inner one is vectorized."""
+
+    name = "transpose_tile"
+
+    def applies(self, info, builder):
+        return info.kind == "transpose" and len(info.spatial) >= 2 and min(info.spatial[-2:]) >= 8
+
+    def space(self, info):
+        a, b = info.spatial[-2:]
+        tiles = [t for t in (32, 16, 8) if a % t == 0 and b % t == 0]
+        return {"tile": tiles or [0]}
+
+    def apply(self, builder, info, knobs):
+        t = knobs["tile"]
+        if not t:
+            raise ValueError("no tile divides both axes")
+        impl = builder.impl(info.name)
+        *outer, zi, zj = impl.names
+        iT, it = impl.tile_split(zi, t)
+        jT, jt = impl.tile_split(zj, t)
+        impl.reorder(jT, it)
+        impl.mark_vectorized(jt)
+        self.parallel_outer(builder, info.name, [*outer, iT], info.size)
+        return [info.name]
+
+
+# ---------------------------------------------------------------------- reductions
+class RowPerCore(Policy):
+    """Rows across the cores; each row keeps a vector of partial sums (rfactor on a vector-
+    wide split of the reduce axis), then sums the vector."""
+
+    name = "row_per_core"
+
+    def applies(self, info, builder):
+        return info.kind == "row_reduce" and info.reduce[-1] >= 8
+
+    def space(self, info):
+        lanes = info.lanes(self.machine)
+        return {"vector": [v for v in (lanes, lanes // 2, 4) if v >= 4 and info.reduce[-1] % v == 0
+                           and info.reduce[-1] >= 2 * v] or [0]}
+
+    def apply(self, builder, info, knobs):
+        v = knobs["vector"]
+        if not v:
+            raise ValueError("reduce axis too short to vectorize")
+        impl = builder.impl(info.name)
+        spatial = [a.name for a in impl.axis if not a.reduce]
+        k = impl.names[-1]
+        _, kt = impl.tile_split(k, v)
+        rf = builder.rfactor(info.name, kt, factor_axis=len(spatial))
+        rf_impl = builder.impl(rf)
+        rf_impl.mark_vectorized(rf_impl.names[-1])
+        builder.groups[info.name].role = "row reduction"
+        if spatial:
+            builder.reverse_compute_at(info.name, rf, rf_impl.names[len(spatial) - 1])
+            self.parallel_outer(builder, rf, rf_impl.names[:len(spatial)], info.size * math.prod(info.reduce))
+        return [info.name, rf]
+
+
+class SplitReduction(Policy):
+    """Few long rows: split the reduce axis across the cores (rfactor on its block-outer
+    part), each core summing a chunk, then combine the chunks."""
+
+    name = "split_reduction"
+
+    def applies(self, info, builder):
+        return info.kind in ("row_reduce", "reduce") and info.size < self.machine.cores * 4 \
+            and math.prod(info.reduce) >= 1 << 14
+
+    def space(self, info):
+        return {"chunks": [self.machine.cores, 2 * self.machine.cores, 8 * self.machine.cores]}
+
+    def apply(self, builder, info, knobs):
+        impl = builder.impl(info.name)
+        reduce = [a.name for a in impl.axis if a.reduce]
+        k = impl.merge_all(reduce)
+        n = impl[k].size
+        chunk = math.ceil(n / knobs["chunks"])
+        kB, _ = impl.block_split(k, chunk)
+        chunks = impl[kB].size
+        rf = builder.rfactor(info.name, kB, factor_axis=0)
+        rf_impl = builder.impl(rf)
+        lane = next(a.name for a in rf_impl.axis if not a.reduce and a.size == chunks)
+        first = rf_impl.names[0]
+        if lane != first:
+            rf_impl.reorder(lane, first)
+        rf_impl.mark_parallel(lane)
+        builder.groups[info.name].role = "combine chunks"
+        return [info.name, rf]
+
+
+class ParallelOnly(Policy):
+    """The fallback: the leading spatial loops merged and run across the cores."""
+
+    name = "parallel_only"
+
+    def applies(self, info, builder):
+        return True
+
+    def apply(self, builder, info, knobs):
+        impl = builder.impl(info.name)
+        lead = []
+        for a in impl.axis:
+            if a.reduce:
+                break
+            lead.append(a.name)
+        self.parallel_outer(builder, info.name, lead, info.size * max(1, math.prod(info.reduce)))
+        return [info.name]
+
+
+# ---------------------------------------------------------------------- anchors
+class RegisterTiledAnchor(Policy):
+    """matmul / conv2d: an i x j register tile (j vectorized, i unrolled) accumulated over the
+    reduce loops, then written out on the tile: through its epilogue when the kernel has
+    one (the epilogue runs on the tile), else through a cached output tile."""
+
+    name = "register_tile"
+
+    def applies(self, info, builder):
+        return info.kind == "anchor"
+
+    def space(self, info):
+        lanes = info.lanes(self.machine)
+        nj = info.spatial[-1]
+        tiles_j = [t for t in (2 * lanes, lanes, lanes // 2) if t >= 4 and nj % t == 0] or \
+            ([nj] if nj <= 2 * lanes else [0])
+        ni = info.spatial[-2] if len(info.spatial) > 1 else 1
+        tiles_i = [t for t in (4, 8, 2, 6, 1) if ni % t == 0 and (ni > t or t == 1)] or [1]
+        return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False]}
+
+    def apply(self, builder, info, knobs):
+        if not knobs["tile_j"]:
+            raise ValueError("no vector tile for the innermost axis")
+        name = info.name
+        epilogue = self._epilogue(builder, name) if knobs["epilogue"] else None
+        impl = builder.impl(name)
+        spatial = [a.name for a in impl.axis if not a.reduce]
+        reduce = [a.name for a in impl.axis if a.reduce]
+        # the cores: a block split of the batch axes (merged) if they are enough, else of i
+        batch, i_axis = spatial[:-2], (spatial[-2] if len(spatial) >= 2 else None)
+        par = impl.merge_all(batch) if batch else None
+        cores = self.machine.cores if info.size >= self.machine.parallel_min_elems else 1
+        if par is not None and impl[par].size >= cores:
+            block_axis = par
+        else:
+            block_axis = i_axis if i_axis is not None and impl[i_axis].size >= cores * knobs["tile_i"] else par
+        outer, blocked = ([par] if par is not None else []), None
+        if block_axis is not None and cores > 1:
+            size = impl[block_axis].size
+            chunk = math.ceil(size / cores)
+            if block_axis == i_axis:
+                chunk = math.ceil(chunk / knobs["tile_i"]) * knobs["tile_i"]
+            blocked, rest = impl.block_split(block_axis, chunk)
+            if block_axis == i_axis:
+                i_axis = rest
+            else:
+                outer = [blocked, rest]
+        jT, jt = impl.tile_split(spatial[-1], knobs["tile_j"])
+        inner = [jt]
+        i_outer = []
+        if i_axis is not None:
+            if knobs["tile_i"] > 1 and impl[i_axis].size % knobs["tile_i"] == 0 and impl[i_axis].size > knobs["tile_i"]:
+                iT, it = impl.tile_split(i_axis, knobs["tile_i"])
+                i_outer, inner = [iT], [it, jt]
+            else:
+                i_outer = [i_axis]
+        k_inner = []
+        if knobs["k_unroll"] > 1 and impl[reduce[-1]].size % knobs["k_unroll"] == 0 and impl[reduce[-1]].size > knobs["k_unroll"]:
+            kT, kt = impl.tile_split(reduce[-1], knobs["k_unroll"])
+            reduce = reduce[:-1] + [kT]
+            k_inner = [kt]
+        lead = ([blocked] if blocked is not None and blocked not in outer else []) + outer
+        impl.reorder(*lead, *i_outer, jT, *reduce, *k_inner, *inner)
+        tail = epilogue if epilogue is not None else builder.cache_write(name)
+        builder.reverse_compute_at(tail, name, jT)
+        tail_impl = builder.impl(tail)
+        tail_impl.mark_vectorized(tail_impl.names[-1])
+        builder.groups[tail].role = "epilogue on the tile" if epilogue is not None else "write-back of the tile"
+        impl.mark_vectorized(jt)
+        if len(inner) == 2:
+            impl.mark_unrolled(inner[0])
+        for kt in k_inner:
+            impl.mark_unrolled(kt)
+        if blocked is not None:
+            impl.mark_parallel(blocked)
+        builder.decompose_reduction(name, reduce[0])
+        builder.groups[name].role = "register tile"
+        return [name, tail]
+
+    @staticmethod
+    def _epilogue(builder: ScheduleBuilder, name: str) -> str | None:
+        consumers = builder.sch.get_consumers(builder.sch.get_sblock(name))
+        if len(consumers) != 1:
+            return None
+        epi = builder.sch.get(consumers[0])
+        anchor_ext = [int(iv.dom.extent) for iv in builder.block(name).iter_vars if int(iv.iter_type) == 0]
+        if any(int(iv.iter_type) != 0 for iv in epi.iter_vars) or [int(iv.dom.extent) for iv in epi.iter_vars] != anchor_ext:
+            return None
+        return epi.name_hint
+
+
+# ---------------------------------------------------------------------- multi-stage
+class PersistentRows(Policy):
+    """A normalization kernel (softmax, layer norm ...): every stage of one row under one
+    loop, the row reductions keeping vector partial sums, the rows across the cores. The
+    row is read from memory once and stays in cache between stages."""
+
+    name = "persistent_rows"
+
+    def applies(self, info, builder):
+        return self.rows(builder) is not None
+
+    def space(self, info):
+        lanes = info.lanes(self.machine)
+        return {"vector": [lanes, lanes // 2] if lanes >= 8 else [lanes]}
+
+    def rows(self, builder: ScheduleBuilder) -> int | None:
+        """How many leading axes every stage shares (None if this form does not fit)."""
+        from schedules.analysis import block_infos
+        infos = block_infos(builder.sch)
+        reductions = [i for i in infos if i.reduce]
+        if len(infos) < 2 or not reductions or any(i.kind == "anchor" for i in infos):
+            return None
+        out_shape = [int(d) for d in builder.block(infos[-1].name).writes[0].source.shape]
+        rows = len(out_shape)
+        for r in reductions:
+            shape = [int(d) for d in builder.block(r.name).writes[0].source.shape]
+            if len(shape) != len(out_shape):
+                return None
+            rows = min(rows, next((d for d, (s, o) in enumerate(zip(shape, out_shape)) if s != o), len(shape)))
+        return rows if 0 < rows < len(out_shape) else None
+
+    def apply(self, builder, info, knobs):
+        rows = self.rows(builder)
+        names = builder.block_names()
+        vector = knobs["vector"]
+        partials = {}
+        for name in names[:-1]:  # vector partial sums first: rfactor wants a root loop nest
+            impl = builder.impl(name)
+            reduce = [a for a in impl.axis if a.reduce]
+            if reduce and vector_factor(reduce[-1].size, vector) and reduce[-1].size >= 2 * vector:
+                _, kt = impl.tile_split(reduce[-1].name, vector_factor(reduce[-1].size, vector))
+                partials[name] = builder.rfactor(name, kt, factor_axis=0)
+                builder.groups[name].role = "row reduction"
+        out = names[-1]
+        impl = builder.impl(out)
+        row = impl.merge_all(impl.names[:rows])
+        builder.groups[out].role = "output row"
+        cols = impl.merge_all(impl.names[1:]) if len(impl.names) > 2 else impl.names[1]
+        self.vectorize_tail(builder, out, cols, vector_factor(impl[cols].size, vector))
+        order = [m for n in names[:-1] for m in ([partials[n]] if n in partials else []) + [n]]
+        for name in reversed(order):
+            builder.compute_at(name, out, row)
+        for name in order:
+            impl = builder.impl(name)
+            own = impl.names[1:]
+            if name in partials.values():  # (lane, chunk) loops: the lane innermost, vectorized
+                lane = next(n for n in own if not impl[n].reduce)
+                chunk = [n for n in own if n != lane]
+                if chunk:
+                    impl.reorder(*chunk, lane)
+                impl.mark_vectorized(lane)
+                builder.groups[name].role = "vector partial sums"
+            elif not any(impl[n].reduce for n in own) and own:
+                tail = impl.merge_all(own) if len(own) > 1 else own[0]
+                self.vectorize_tail(builder, name, tail, vector_factor(impl[tail].size, vector))
+                builder.groups[name].role = builder.groups[name].role or "row stage"
+        if info.size >= self.machine.parallel_min_elems and self.machine.cores > 1:
+            builder.impl(out).mark_parallel(row)
+        return names + list(partials.values())
+
+
+POLICIES = (PersistentRows, RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile, Keep2D,
+            MergeAllBlockVectorize, ParallelOnly)
