@@ -46,3 +46,83 @@ def exp(x: PrimExpr) -> PrimExpr:
 def sigmoid(x: PrimExpr) -> PrimExpr:
     """1 / (1 + exp(-x)) with the vectorizable exp."""
     return _f(1.0) / (_f(1.0) + exp(-x))
+
+
+# Cephes logf: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), log(x) = e ln2 + log(m) where
+# log(1 + f) = f - f^2/2 + f^3 P(f) (degree 8) and ln 2 is split as in exp.
+_LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+             -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_SQRT_HALF = 0.707106781186547524
+_FLT_MIN = 1.17549435e-38
+
+
+def log(x: PrimExpr) -> PrimExpr:
+    """log for float32; relative error below 2e-7 away from x = 1 (absolute 1e-7 near it)."""
+    tiny = x < _f(_FLT_MIN)  # a denormal: scale it into the normal range first
+    xs = tirx.Select(tiny, x * _f(8388608.0), x)  # * 2^23
+    bits = tirx.reinterpret("int32", xs)
+    e = tirx.Cast("float32", tirx.shift_right(bits, tirx.const(23, "int32")) - tirx.const(126, "int32"))
+    e = tirx.Select(tiny, e - _f(23.0), e)
+    m = tirx.reinterpret("float32", tirx.bitwise_or(tirx.bitwise_and(bits, tirx.const(0x007FFFFF, "int32")),
+                                                    tirx.const(0x3F000000, "int32")))  # in [0.5, 1)
+    small = m < _f(_SQRT_HALF)
+    e = tirx.Select(small, e - _f(1.0), e)
+    f = tirx.Select(small, m + m - _f(1.0), m - _f(1.0))
+    z = f * f
+    p = _f(_LOG_POLY[0])
+    for c in _LOG_POLY[1:]:
+        p = p * f + _f(c)
+    y = p * f * z + e * _f(_C2) - _f(0.5) * z
+    out = f + y + e * _f(_C1)
+    out = tirx.Select(x == _f(0.0), _f(float("-inf")), out)
+    out = tirx.Select(x < _f(0.0), _f(float("nan")), out)
+    out = tirx.Select(tirx.isinf(x), x, out)
+    return tirx.Select(tirx.isnan(x), x, out)
+
+
+# tanh: an odd polynomial below 0.625 (Cephes tanhf), 1 - 2 / (exp(2|x|) + 1) above.
+_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+
+
+def tanh(x: PrimExpr) -> PrimExpr:
+    """tanh for float32; relative error below 3e-7."""
+    ax = tirx.Select(x < _f(0.0), -x, x)
+    z = x * x
+    p = _f(_TANH_POLY[0])
+    for c in _TANH_POLY[1:]:
+        p = p * z + _f(c)
+    small = p * z * x + x
+    big = _f(1.0) - _f(2.0) / (exp(ax + ax) + _f(1.0))
+    big = tirx.Select(x < _f(0.0), -big, big)
+    return tirx.Select(ax < _f(0.625), small, big)
+
+
+# erf: x * P(x^2) on [0, 1]; 1 - exp(-x^2) * Q(1/x) on [1, 3.92]; 1 beyond (erf(3.92) rounds
+# to 1 in float32). P and Q are least-squares fits of the relative error on Chebyshev nodes
+# (max approximation error 1.4e-9 and 1.2e-8).
+_ERF_SMALL = (7.89821018959967e-05, -0.0008024354123944977, 0.005190053577382247, -0.02685480853703675,
+              0.11283612428241932, -0.3761262884332519, 1.1283791665100524)
+_ERFC_LARGE = (-0.011008645663978913, 0.036079387336092006, 0.008337129597223221, -0.2244656504271146,
+               0.48505322480391927, -0.4666184625224909, 0.0407210080431169, 0.5592264435650498,
+               0.0002591138681131871)
+
+
+def erf(x: PrimExpr) -> PrimExpr:
+    """erf for float32; its error is measured against torch.erf in the tests."""
+    ax = tirx.Select(x < _f(0.0), -x, x)
+    z = x * x
+    p = _f(_ERF_SMALL[0])
+    for c in _ERF_SMALL[1:-1]:
+        p = p * z + _f(c)
+    # x * P(z) = x + x * (P(z) - 1): the small correction rounds on its own, x stays exact
+    small = x + x * (p * z + _f(_ERF_SMALL[-1] - 1.0))
+    axc = tirx.Min(tirx.Max(ax, _f(1.0)), _f(3.92))
+    t = _f(1.0) / axc
+    q = _f(_ERFC_LARGE[0])
+    for c in _ERFC_LARGE[1:]:
+        q = q * t + _f(c)
+    large = _f(1.0) - exp(-(axc * axc)) * q
+    large = tirx.Select(ax > _f(3.92), _f(1.0), large)
+    large = tirx.Select(x < _f(0.0), -large, large)
+    out = tirx.Select(ax < _f(1.0), small, large)
+    return tirx.Select(tirx.isnan(x), x, out)
