@@ -94,10 +94,22 @@ class BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
 
 
+class MatMul(nn.Module):
+    """x @ W for a square weight: fp32 GEMM, compared with torch.mm (oneDNN/MKL)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+
+    def forward(self, x):
+        return torch.mm(x, self.weight)
+
+
 @dataclass
 class Workload:
     make: Callable[[], tuple[nn.Module, torch.Tensor]]
     memory_bound: bool  # its roofline is bandwidth: report the distance to it
+    flops: int = 0  # for compute-bound kernels: report GFLOP/s
 
 
 def workloads(quick: bool) -> dict[str, Workload]:
@@ -111,6 +123,10 @@ def workloads(quick: bool) -> dict[str, Workload]:
         "layer_norm": Workload(lambda: (nn.LayerNorm(768), torch.randn(rows, 768)), True),
         "layer_norm_by_hand": Workload(lambda: (LayerNormByHand(768), torch.randn(rows, 768)), True),
         "rms_norm": Workload(lambda: (RMSNorm(768), torch.randn(rows, 768)), True),
+        "matmul_512": Workload(lambda: (MatMul(512), torch.randn(512, 512)), False, 2 * 512 ** 3),
+        "matmul_1024": Workload(lambda: (MatMul(1024), torch.randn(1024, 1024)), False, 2 * 1024 ** 3),
+        "matmul_2048": Workload(lambda: (MatMul(2048 // s), torch.randn(2048 // s, 2048 // s)), False,
+                                2 * (2048 // s) ** 3),
         "mlp": Workload(lambda: (MLP(512, 1024, 256), torch.randn(256 // s, 512)), False),
         "conv_bn_relu": Workload(lambda: (ConvBNReLU(32, 32), torch.randn(1, 32, 56 // s, 56 // s)), False),
         "resnet_basic_block": Workload(lambda: (BasicBlock(32), torch.randn(1, 32, 56 // s, 56 // s)), False),

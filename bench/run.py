@@ -1,4 +1,4 @@
-"""Benchmark: tvm_ext against TVM's default build, PyTorch eager and torch.compile, in one run.
+"""Benchmark: tvm_ext against TVM's default build, PyTorch eager, torch.compile and ONNX Runtime.
 
     python bench/run.py                          # every workload, both fusion strategies
     python bench/run.py --quick                  # small sizes, a smoke run
@@ -7,8 +7,9 @@
 Each workload is a PyTorch module (bench/models.py). tvm_ext compiles it once per fusion
 strategy (torch.export -> Relax -> fused kernels); "TVM" is ``tvm.compile`` of the same
 imported Relax module (TVM's CPU pipeline: no fusion, unscheduled kernels); "eager" runs
-the module; "compile" runs ``torch.compile`` (Inductor, CPU). All use the same threads
-(TVM_NUM_THREADS, torch.set_num_threads). Every time is the median of ``--repeat``
+the module; "compile" runs ``torch.compile`` (Inductor, CPU); "ORT" runs ONNX Runtime on
+the module exported to ONNX (the ``bench`` extra; skipped when absent). All use the same
+threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads). Every time is the median of ``--repeat``
 measurements; a ratio above 1 means tvm_ext (its best strategy) is faster.
 
 For memory-bound workloads the roofline is the time to move the bytes that must move (the
@@ -122,7 +123,7 @@ VARIANTS = {
 }
 
 
-def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool) -> dict:
+def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True) -> dict:
     module, x = workload.make()
     module.eval()
     target = tvm_ext.host_target()
@@ -139,6 +140,7 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
         row["kernels"][fusion] = compiled.report().num_kernels
     row["tvm_ms"] = vm_median_ms(tvm_default_build(imported, target), [tvm.runtime.tensor(xn)], repeat)
     row["tvm_fused_kernels"] = tvm_fused_kernel_count(imported)
+    row["ort_ms"] = onnxruntime_ms(module, x, repeat) if with_ort else None
     with torch.no_grad():
         row["eager_ms"] = median_ms(lambda: module(x), repeat)
         row["compile_ms"] = None
@@ -155,7 +157,33 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     row["must_move_bytes"] = must_move_bytes(imported)
     row["roofline_ms"] = copy_ms(row["must_move_bytes"]) if workload.memory_bound else None
     row["x_roof"] = best / row["roofline_ms"] if row["roofline_ms"] else None
+    row["vs_ort"] = row["ort_ms"] / best if row["ort_ms"] else None
+    row["gflops"] = workload.flops / (best * 1e6) if workload.flops else None
+    row["torch_gflops"] = workload.flops / (row["eager_ms"] * 1e6) if workload.flops else None
     return row
+
+
+def onnxruntime_ms(module, x, repeat: int) -> float | None:
+    """ONNX Runtime (CPU, intra-op threads = ours) on the module exported to ONNX; None when
+    onnxruntime (the ``bench`` extra) is not installed or the export fails."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    import io
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, (x,), buf, input_names=["x"], opset_version=17, dynamo=False)
+    except Exception:  # noqa: BLE001 - a model the exporter cannot take just has no ORT time
+        return None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(THREADS)
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(buf.getvalue(), options, providers=["CPUExecutionProvider"])
+    feed = {"x": x.numpy()}
+    return median_ms(lambda: session.run(None, feed), repeat)
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
@@ -169,6 +197,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fusion", default="autofuse,nnvm", help="tvm_ext fusion strategies to time")
     parser.add_argument("--repeat", type=int, default=0, help="measurements per median (default 9, quick 3)")
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--no-onnxruntime", action="store_true", help="skip ONNX Runtime")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(THREADS))
@@ -187,25 +216,27 @@ def main(argv=None) -> int:
     repeat = args.repeat or (3 if args.quick else 9)
     print(f"threads {THREADS}, repeat {repeat}, torch {torch.__version__}, tvm {tvm.__version__}")
     cols = " ".join(f"{f[:9]:>9s}" for f in fusions)
-    print(f"{'model (ms)':26s} {cols} {'TVM':>9s} {'eager':>8s} {'compile':>8s} | {'vs TVM':>7s} {'vs eager':>8s} "
-          f"{'vs comp':>7s} {'x roof':>6s} | kernels ({'/'.join(f[:4] for f in fusions)}/TVM)")
+    print(f"{'model (ms)':26s} {cols} {'TVM':>9s} {'eager':>8s} {'compile':>8s} {'ORT':>8s} | {'vs TVM':>7s} "
+          f"{'vs eager':>8s} {'vs comp':>7s} {'vs ORT':>6s} {'x roof':>6s} | kernels ({'/'.join(f[:4] for f in fusions)}/TVM)")
     rows = []
     for name in names:
-        row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile)
+        row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile, not args.no_onnxruntime)
         rows.append(row)
         ours = " ".join(f"{row['ours_ms'][f]:9.3f}" for f in fusions)
         kernels = "/".join(str(row["kernels"][f]) for f in fusions) + f"/{row['tvm_fused_kernels']}"
-        print(f"{name:26s} {ours} {row['tvm_ms']:9.3f} {row['eager_ms']:8.3f} {_fmt(row['compile_ms'], '8.3f'):>8s} | "
-              f"{row['vs_tvm']:6.2f}x {row['vs_eager']:7.2f}x {_fmt(row['vs_compile'], '6.2f'):>6s}x "
-              f"{_fmt(row['x_roof'], '5.2f'):>5s}x | {kernels}{'' if row['ok'] else '  MISMATCH'}", flush=True)
+        gflops = f"  {row['gflops']:.0f} GFLOP/s (torch {row['torch_gflops']:.0f})" if row["gflops"] else ""
+        print(f"{name:26s} {ours} {row['tvm_ms']:9.3f} {row['eager_ms']:8.3f} {_fmt(row['compile_ms'], '8.3f'):>8s} "
+              f"{_fmt(row['ort_ms'], '8.3f'):>8s} | {row['vs_tvm']:6.2f}x {row['vs_eager']:7.2f}x "
+              f"{_fmt(row['vs_compile'], '6.2f'):>6s}x {_fmt(row['vs_ort'], '5.2f'):>5s}x {_fmt(row['x_roof'], '5.2f'):>5s}x | "
+              f"{kernels}{gflops}{'' if row['ok'] else '  MISMATCH'}", flush=True)
 
     def geo(key):
         vals = [r[key] for r in rows if r[key]]
         return float(np.exp(np.mean(np.log(vals)))) if vals else None
 
     per_fusion = {f: float(np.exp(np.mean([np.log(r["tvm_ms"] / r["ours_ms"][f]) for r in rows]))) for f in fusions}
-    print(f"{'geomean':26s} {' ' * 10 * len(fusions)}{'':9s} {'':8s} {'':8s} | {geo('vs_tvm'):6.2f}x "
-          f"{geo('vs_eager'):7.2f}x {_fmt(geo('vs_compile'), '6.2f'):>6s}x")
+    print(f"{'geomean':26s} {' ' * 10 * len(fusions)}{'':9s} {'':8s} {'':8s} {'':8s} | {geo('vs_tvm'):6.2f}x "
+          f"{geo('vs_eager'):7.2f}x {_fmt(geo('vs_compile'), '6.2f'):>6s}x {_fmt(geo('vs_ort'), '5.2f'):>5s}x")
     print("geomean speed-up over TVM per strategy: " + ", ".join(f"{f} {v:.2f}x" for f, v in per_fusion.items()))
     if args.json:
         with open(args.json, "w") as f:
