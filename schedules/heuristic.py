@@ -41,9 +41,10 @@ def default_knobs(policy: Policy, info: BlockInfo, fuse_epilogue: bool) -> dict:
     if isinstance(policy, RegisterTiledAnchor):
         knobs["epilogue"] = fuse_epilogue
         knobs["k_unroll"] = 4
-        # about 128 accumulators (8 AVX-512 registers): 4 rows of a 32-wide tile, 8 of an 8-wide one
+        # about 256 accumulators (16 AVX-512 registers): 8 rows of a 32-wide tile (measured best
+        # at 1024: 111 GFLOP/s, against 69 for 4 rows)
         tiles_i = policy.space(info)["tile_i"]
-        want = max(1, min(8, 128 // max(1, knobs["tile_j"])))
+        want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
         knobs["tile_i"] = min(tiles_i, key=lambda t: (abs(t - want), -t))
     if isinstance(policy, Keep2D):
         knobs["unroll"] = False

@@ -243,3 +243,15 @@ def test_schedule_is_recorded_in_the_report():
     mod = build_module(lambda a, b: R.matmul(a, b), [((64, 64), "float32"), ((64, 64), "float32")])
     (kernel,) = tvm_ext.compile(mod).report().kernels
     assert sorted(kernel.schedule.split(", ")) == ["gv:register_tile", "gv_global:write-back of the tile"]
+
+
+@pytest.mark.parametrize("m,k,n", [(100, 64, 64), (130, 96, 64), (66, 128, 96)])
+def test_parallel_anchor_with_uneven_block_split_is_race_free(m, k, n):
+    mod = build_module(lambda a, b: R.matmul(a, b), [((m, k), "float32"), ((k, n), "float32")])
+    compiled = tvm_ext.compile(mod)
+    assert "register_tile" in compiled.report().kernels[0].schedule
+    assert "T.parallel" in compiled.lowered_module.script()
+    x = np.random.default_rng(0).standard_normal((m, k)).astype("float32")
+    y = np.random.default_rng(1).standard_normal((k, n)).astype("float32")
+    for _ in range(10):  # a race between the cores would show up as a wrong tile now and then
+        np.testing.assert_allclose(compiled(x, y), x @ y, rtol=1e-4, atol=1e-4)
