@@ -43,12 +43,20 @@ def default_knobs(policy: Policy, info: BlockInfo, fuse_epilogue: bool) -> dict:
         knobs["k_unroll"] = 4
         # about 256 accumulators (16 AVX-512 registers): 8 rows of a 32-wide tile (measured best
         # at 1024: 111 GFLOP/s, against 69 for 4 rows)
-        tiles_i = policy.space(info)["tile_i"]
+        space = policy.space(info)
         want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
-        knobs["tile_i"] = min(tiles_i, key=lambda t: (abs(t - want), -t))
+        knobs["tile_i"] = min(space["tile_i"], key=lambda t: (abs(t - want), -t))
+        # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
+        # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166
+        panel = info.reduce[-1] * knobs["tile_j"] * info.dtype_bits // 8
+        knobs["k_block"] = 256 if 256 in space["k_block"] and panel > machine_l1(policy) else 0
     if isinstance(policy, Keep2D):
         knobs["unroll"] = False
     return knobs
+
+
+def machine_l1(policy: Policy) -> int:
+    return policy.machine.l1_bytes
 
 
 def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epilogue: bool = True,
@@ -73,17 +81,32 @@ def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epil
         for policy in policies_for(info, machine):
             if not policy.applies(info, builder):
                 continue
-            knobs = default_knobs(policy, info, fuse_epilogue)
-            trial = builder.copy()
-            try:
-                claimed = policy.apply(trial, info, knobs)
-            except _FAILURES:
-                continue
-            builder = trial
-            builder.choose(f"{policy.name}@{info.name}", knobs)
-            done.update(claimed)
-            break
+            applied = False
+            for knobs in _fallbacks(default_knobs(policy, info, fuse_epilogue)):
+                trial = builder.copy()
+                try:
+                    claimed = policy.apply(trial, info, knobs)
+                except _FAILURES:
+                    continue
+                builder = trial
+                builder.choose(f"{policy.name}@{info.name}", knobs)
+                done.update(claimed)
+                applied = True
+                break
+            if applied:
+                break
     return builder.result(name)
+
+
+def _fallbacks(knobs: dict):
+    """The heuristic's knobs, then the same without the options TVM may reject for a given
+    kernel (an epilogue that does not map onto the tile, a blocked reduction)."""
+    yield knobs
+    if knobs.get("epilogue"):
+        knobs = dict(knobs, epilogue=False)
+        yield knobs
+    if knobs.get("k_block"):
+        yield dict(knobs, k_block=0)
 
 
 def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -243,7 +243,12 @@ class ParallelOnly(Policy):
 class RegisterTiledAnchor(Policy):
     """matmul / conv2d: an i x j register tile (j vectorized, i unrolled) accumulated over the
     reduce loops, then written out on the tile: through its epilogue when the kernel has
-    one (the epilogue runs on the tile), else through a cached output tile."""
+    one (the epilogue runs on the tile), else through a cached output tile.
+
+    ``k_block`` > 0 blocks the reduction for large operands: for each chunk of k, all j
+    tiles, then all i tiles (the chunk of B stays in cache across the i tiles); the tile
+    then accumulates in the output itself and the epilogue runs once per core's block of
+    rows, after the last chunk."""
 
     name = "register_tile"
 
@@ -257,7 +262,10 @@ class RegisterTiledAnchor(Policy):
             ([nj] if nj <= 2 * lanes else [0])
         ni = info.spatial[-2] if len(info.spatial) > 1 else 1
         tiles_i = [t for t in (4, 8, 2, 6, 1) if ni % t == 0 and (ni > t or t == 1)] or [1]
-        return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False]}
+        nk = info.reduce[-1]
+        k_blocks = [0] + [b for b in (256, 128, 512) if nk % b == 0 and nk > b]
+        return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False],
+                "k_block": k_blocks}
 
     def apply(self, builder, info, knobs):
         if not knobs["tile_j"]:
@@ -295,18 +303,35 @@ class RegisterTiledAnchor(Policy):
                 i_outer, inner = [iT], [it, jt]
             else:
                 i_outer = [i_axis]
+        k_chunks = []
+        k_block = knobs.get("k_block", 0)
+        if k_block and impl[reduce[-1]].size > k_block and impl[reduce[-1]].size % k_block == 0:
+            kC, kc = impl.tile_split(reduce[-1], k_block)
+            k_chunks, reduce = [kC], reduce[:-1] + [kc]
         k_inner = []
         if knobs["k_unroll"] > 1 and impl[reduce[-1]].size % knobs["k_unroll"] == 0 and impl[reduce[-1]].size > knobs["k_unroll"]:
             kT, kt = impl.tile_split(reduce[-1], knobs["k_unroll"])
             reduce = reduce[:-1] + [kT]
             k_inner = [kt]
         lead = ([blocked] if blocked is not None and blocked not in outer else []) + outer
-        impl.reorder(*lead, *i_outer, jT, *reduce, *k_inner, *inner)
-        tail = epilogue if epilogue is not None else builder.cache_write(name)
-        builder.reverse_compute_at(tail, name, jT)
-        tail_impl = builder.impl(tail)
-        tail_impl.mark_vectorized(tail_impl.names[-1])
-        builder.groups[tail].role = "epilogue on the tile" if epilogue is not None else "write-back of the tile"
+        placed = [name]
+        if k_chunks:
+            impl.reorder(*lead, *k_chunks, jT, *i_outer, *reduce, *k_inner, *inner)
+            if epilogue is not None and lead:
+                builder.reverse_compute_at(epilogue, name, lead[-1])
+                epi = builder.impl(epilogue)
+                own = epi.names[len(lead):]
+                self.vectorize_tail(builder, epilogue, epi.merge_all(own), self.lanes_of(builder, epilogue))
+                builder.groups[epilogue].role = "epilogue per block of rows"
+                placed.append(epilogue)
+        else:
+            impl.reorder(*lead, *i_outer, jT, *reduce, *k_inner, *inner)
+            tail = epilogue if epilogue is not None else builder.cache_write(name)
+            builder.reverse_compute_at(tail, name, jT)
+            tail_impl = builder.impl(tail)
+            tail_impl.mark_vectorized(tail_impl.names[-1])
+            builder.groups[tail].role = "epilogue on the tile" if epilogue is not None else "write-back of the tile"
+            placed.append(tail)
         impl.mark_vectorized(jt)
         if len(inner) == 2:
             impl.mark_unrolled(inner[0])
@@ -314,9 +339,9 @@ class RegisterTiledAnchor(Policy):
             impl.mark_unrolled(kt)
         if blocked is not None:
             impl.mark_parallel(blocked)
-        builder.decompose_reduction(name, reduce[0])
+        builder.decompose_reduction(name, (k_chunks or reduce)[0])
         builder.groups[name].role = "register tile"
-        return [name, tail]
+        return placed
 
     @staticmethod
     def _epilogue(builder: ScheduleBuilder, name: str) -> str | None:
