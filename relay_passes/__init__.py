@@ -4,7 +4,7 @@ Each pass is a ``tvm.ir.transform.Pass`` usable alone in a ``Sequential``:
 ``FoldWeightLayout`` (transpose weights once), ``MakeGroups`` (partition + outline
 groups; ``FusePartition`` is NNVM's fusion), ``FuseCompile`` (group -> one PrimFunc).
 """
-from relay_passes.fold_weights import FoldWeightLayout
+from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile, lower_group
 from relay_passes.graph import DataflowGraph
 from relay_passes.grouping import MakeGroups
@@ -12,5 +12,5 @@ from relay_passes.fuse_partition import FusePartition, FusePlan
 from relay_passes.partition import Partition, partition_chains, partition_none
 from relay_passes.strategies import PARTITIONERS, partition_nnvm
 
-__all__ = ["DataflowGraph", "FoldWeightLayout", "FuseCompile", "FusePartition", "FusePlan", "MakeGroups",
+__all__ = ["DataflowGraph", "FoldTupleGetItem", "FoldWeightLayout", "FuseCompile", "FusePartition", "FusePlan", "MakeGroups",
            "PARTITIONERS", "Partition", "lower_group", "partition_chains", "partition_nnvm", "partition_none"]

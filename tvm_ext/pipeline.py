@@ -13,8 +13,7 @@ from typing import Any, Sequence
 import tvm
 from tvm import relax
 
-from relay_passes.fold_tuples import FoldTupleGetItem
-from relay_passes.fold_weights import FoldWeightLayout
+from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS

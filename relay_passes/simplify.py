@@ -1,10 +1,19 @@
-"""FoldWeightLayout: evaluate layout ops on constants at compile time.
+"""Simplifications run before fusion, so the graph shows fusion what really happens.
+
+FoldWeightLayout evaluates layout ops on constants at compile time.
 
 Imported models transpose their weights in the graph (``permute_dims(W)`` before a
 matmul). Folding that once at compile time removes a kernel and a full read and write of
 the weight from every call. TVM's ``FoldConstant`` would do it too, but it also
 materializes ``broadcast_to`` of constants (a weight broadcast over the batch grows by
 the batch size), so this pass folds only ops that keep the constant's size.
+
+FoldTupleGetItem turns ``t = (a, b); x = t[0]`` into ``x = a``.
+
+Importers pack values into tuples and unpack them again (PyTorch's ``max(dim)`` gives
+``(values, indices)``); left in place, the tuple hides the value's producer from fusion.
+Relax's CanonicalizeBindings does not fold this, so this small pass does; dead-code
+elimination then drops the tuple.
 """
 from __future__ import annotations
 
@@ -12,6 +21,15 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+
+def _rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
+    """Run ``rewriter`` over every Relax function of ``mod``."""
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
 
 _FOLDABLE = {
     "relax.permute_dims": lambda a, c: np.transpose(a, None if c.attrs.axes is None else [int(x) for x in c.attrs.axes]),
@@ -27,15 +45,11 @@ class FoldWeightLayout:
     """Replace ``op(constant)`` by a new constant for size-preserving layout ops."""
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        folder = _Folder(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                folder.builder_.update_func(gv, folder.visit_expr(func))
-        return folder.builder_.get()
+        return _rewrite_functions(mod, _ConstantFolder(mod))
 
 
 @mutator
-class _Folder(PyExprMutator):
+class _ConstantFolder(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _FOLDABLE and call.args):
@@ -51,3 +65,23 @@ class _Folder(PyExprMutator):
         except (TypeError, ValueError, AttributeError):
             return call
         return relax.const(np.ascontiguousarray(data), str(call.ty.dtype))
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="FoldTupleGetItem")
+class FoldTupleGetItem:
+    """``t = (a, b); x = t[0]`` becomes ``x = a``."""
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        return _rewrite_functions(mod, _TupleFolder(mod))
+
+
+@mutator
+class _TupleFolder(PyExprMutator):
+    def visit_tuple_getitem_(self, op: relax.TupleGetItem) -> relax.Expr:
+        op = self.visit_expr_post_order(op)
+        tup = op.tuple_value
+        if isinstance(tup, relax.Var):
+            bound = self.lookup_binding(tup)
+            if isinstance(bound, relax.Tuple):
+                return bound.fields[op.index]
+        return op
