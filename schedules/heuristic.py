@@ -8,13 +8,13 @@ improves on these choices by measuring the policies' search spaces.
 """
 from __future__ import annotations
 
+import tvm
+from tvm import s_tir, tirx
+
 from schedules.analysis import BlockInfo, Machine, block_infos
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, Policy,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
-
-import tvm
-from tvm import s_tir, tirx
 
 _FAILURES = (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError, KeyError)
 
@@ -49,14 +49,10 @@ def default_knobs(policy: Policy, info: BlockInfo, fuse_epilogue: bool) -> dict:
         # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
         # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166
         panel = info.reduce[-1] * knobs["tile_j"] * info.dtype_bits // 8
-        knobs["k_block"] = 256 if 256 in space["k_block"] and panel > machine_l1(policy) else 0
+        knobs["k_block"] = 256 if 256 in space["k_block"] and panel > policy.machine.l1_bytes else 0
     if isinstance(policy, Keep2D):
         knobs["unroll"] = False
     return knobs
-
-
-def machine_l1(policy: Policy) -> int:
-    return policy.machine.l1_bytes
 
 
 def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epilogue: bool = True,
