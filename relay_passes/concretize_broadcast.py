@@ -8,13 +8,13 @@ views, every group that reads them, and the reader's loads do the re-indexing. A
 materialized only when it is read after the block (a graph output) or by something that is
 not one of our kernels.
 
-This refines a ``Partition`` (any strategy's) and works as a wrapper around a partitioner.
+This refines a ``Partition`` of any strategy.
 AutoFuse needs no wrapper: a view is a fusable KernelBox, inlined into every reader.
 """
 from __future__ import annotations
 
 from relay_passes.graph import DataflowGraph, Node
-from relay_passes.partition import Decision, Group, Partition, Partitioner
+from relay_passes.partition import Decision, Group, Partition
 
 _VIEWS = frozenset(["relax.broadcast_to", "relax.expand_dims", "relax.squeeze"])
 
@@ -72,12 +72,3 @@ def _readers(g: DataflowGraph, grp: Group) -> list[int] | None:
             return None
         readers.extend(c for c in g[n].consumers if c not in inside)
     return readers
-
-
-def with_concretized_broadcast(partitioner: Partitioner) -> Partitioner:
-    """``partitioner`` followed by ``concretize_broadcast``."""
-    def run(graph: DataflowGraph) -> Partition:
-        return concretize_broadcast(partitioner(graph))
-    run.__name__ = getattr(partitioner, "__name__", "partitioner") + "_concretized"
-    run.__doc__ = (partitioner.__doc__ or "") + " Broadcast views are folded into their readers."
-    return run

@@ -35,7 +35,6 @@ class LoweredGroup:
 
 @dataclass
 class FuseCompileLog:
-    lowered: list[str] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)  # group -> why TVM kept it
 
 
@@ -64,7 +63,6 @@ class FuseCompile:
                 continue
             try:
                 lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry, self.exact_math)
-                self.log.lowered.append(gv.name_hint)
             except NotLowerable as err:
                 fallback[gv.name_hint] = func
                 self.log.fallbacks[gv.name_hint] = str(err)

@@ -53,11 +53,6 @@ class Partition:
     groups: list[Group] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
 
-    def owner_of(self) -> dict[int, int]:
-        """node -> the group that computes it for readers outside (groups may share internal,
-        recomputed members, but each value leaves exactly one group)."""
-        return {n: g.gid for g in self.groups for n in g.outputs}
-
     def describe(self) -> str:
         """A printable table: one line per group, then nodes left to TVM."""
         lines = []

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field, replace
 import tvm
 from tvm import s_tir, tirx
 
+from schedules.analysis import REDUCE
 from schedules.axes import Axis, AxisType, ImplGraph
-
-REDUCE = 2
 
 
 @dataclass
@@ -55,13 +54,6 @@ class ScheduleResult:
             label = chosen.get(g.block) or (whole[0] if whole else g.role or "unscheduled")
             parts.append(f"{g.block}:{label}")
         return ", ".join(parts)
-
-    @property
-    def knobs(self) -> dict:
-        out: dict = {}
-        for p, k in self.choices:
-            out.update({f"{p}.{name}": v for name, v in k.items()})
-        return out
 
     def describe(self) -> str:
         """Every group's axis table."""

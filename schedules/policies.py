@@ -20,7 +20,6 @@ from schedules.builder import ScheduleBuilder
 
 class Policy:
     name = "policy"
-    blocks_claimed = 1  # blocks one application schedules (multi-block forms claim more)
 
     def __init__(self, machine: Machine):
         self.machine = machine

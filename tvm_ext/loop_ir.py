@@ -21,7 +21,7 @@ translates to TE by ``to_te``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence, Union
+from typing import Callable, Iterator, Union
 
 import tvm
 from tvm import te, tirx
@@ -492,8 +492,3 @@ _PROD = te.comm_reducer(lambda a, b: a * b, lambda dtype: tirx.const(1, dtype), 
 
 def _te_index(value: PrimExpr) -> PrimExpr:
     return value if dtype_of(value) in ("int32", "int64") else tirx.Cast("int64", value)
-
-
-def index_of(values: Sequence[int | PrimExpr]) -> tuple[PrimExpr, ...]:
-    """Normalize an index tuple: python ints become TIR constants."""
-    return tuple(tirx.const(v, "int32") if isinstance(v, int) else v for v in values)
