@@ -33,16 +33,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import Iterable
 
-import tvm
 from tvm import relax, tirx
 
+from relay_passes.lower_call import lower_call
 from relay_passes.graph import DataflowGraph, Node
 from relay_passes.partition import Decision, Group, Partition
 from tvm_ext import loop_ir as L
 from tvm_ext.errors import NotLowerable
-from tvm_ext.lowering import KernelBuilder, TensorValue, full
+from tvm_ext.lowering import KernelBuilder, TensorValue
 from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OpNode
 
 
 class BoxKind(enum.Enum):
@@ -163,7 +162,6 @@ class _Lowering:
         self.plan = AutoFusePlan(graph)
         self.kb = KernelBuilder("autofuse_analysis", emit_te=False)
         self.memory: dict = {}  # relax var -> memory-backed analysis value
-        self.index_of = {n.var: n.index for n in graph}
         self.next_kernel = 0
         self.scalar_graph = not rules.fuse_scalar_graphs and all(
             _size(n) <= 1 for n in graph if n.kind == "op")
@@ -268,7 +266,7 @@ class _Lowering:
         members = {n}
         values: dict = {}
         for v in relax.analysis.free_vars(node.value):
-            i = self.index_of.get(v)
+            i = g.index_of.get(v)
             box = self.plan.boxes.get(i) if i is not None else None
             if box is None:
                 values[v] = self._memory_value(v)
@@ -293,7 +291,7 @@ class _Lowering:
         kernel = self._merge(joined)
         if kernel is None and len({k for k in joined if k is not None}) > 1:
             for v, value in list(values.items()):  # cannot join them all: read them from memory
-                i = self.index_of.get(v)
+                i = g.index_of.get(v)
                 box = self.plan.boxes.get(i) if i is not None else None
                 if box is not None and box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                     self._realize(box, "kernel-merge", f"for {node.name}")
@@ -301,7 +299,7 @@ class _Lowering:
             members = {n}
         stages_before = len(self.kb.stages)
         try:
-            out = self._lower_call(node, values)
+            out = lower_call(node.var, node.value, node.opdef, values, self.kb, [])
         except NotLowerable as err:
             node.why_not = str(err)
             self._extern(node)
@@ -316,32 +314,6 @@ class _Lowering:
         self.plan.boxes[n] = boxes if isinstance(out, list) else boxes[0]
         if not isinstance(out, list):
             self._stop_rules(node, boxes[0])
-
-    def _lower_call(self, node: Node, values: dict):
-        def convert(arg):
-            if isinstance(arg, relax.Var):
-                return values[arg]
-            if isinstance(arg, relax.Tuple):
-                return [convert(f) for f in arg.fields]
-            if isinstance(arg, tvm.ir.GenericConst):
-                data = arg.value.numpy()
-                if data.size == 1:
-                    return full(data.shape, data.reshape(()).item(), str(data.dtype))
-                return self.kb.add_input("const", data.shape, str(data.dtype))
-            if isinstance(arg, relax.ShapeExpr):
-                return tuple(int(d) for d in arg.values)
-            if isinstance(arg, (tirx.IntImm, tirx.FloatImm)):
-                return bool(arg.value) if L.dtype_of(arg) == "bool" else arg.value
-            if isinstance(arg, tvm.ir.StringImm):
-                return arg.value
-            raise NotLowerable(f"argument of kind {type(arg).__name__}")
-
-        call = node.value
-        tys = list(node.var.ty.fields) if isinstance(node.var.ty, relax.TupleType) else [node.var.ty]
-        shapes = [tuple(int(d) for d in t.shape.values) for t in tys]
-        dtypes = [str(t.dtype) for t in tys]
-        op = OpNode(node.name, node.op, tuple(convert(a) for a in call.args), call.attrs, shapes, dtypes, self.kb)
-        return node.opdef.lower(op)
 
     def _box(self, n: int, value: TensorValue, members: frozenset, kernel: int | None) -> KernelBox:
         expr = value.load(tuple(tirx.Var(f"i{d}", "int32") for d in range(value.ndim)))

@@ -19,11 +19,11 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from relay_passes.grouping import substitute
+from relay_passes.lower_call import lower_call, static_type
 from tvm_ext import attrs
-from tvm_ext.errors import CompileError, NotLowerable
-from tvm_ext.loop_ir import SUPPORTED_DTYPES, dtype_of
-from tvm_ext.lowering import KernelBuilder, full
-from tvm_ext.registry import OPS, OpNode, OpRegistry
+from tvm_ext.errors import NotLowerable
+from tvm_ext.lowering import KernelBuilder
+from tvm_ext.registry import OPS, OpRegistry
 
 
 @dataclass
@@ -156,52 +156,4 @@ def _lower_binding(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: l
     opdef = registry.get(value.op.name)
     if opdef is None or opdef.lower is None:
         raise NotLowerable(f"{b.var.name}: {value.op.name} has no lowering")
-    args = tuple(_convert(a, env, kb, const_args) for a in value.args)
-    tys = list(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else [b.var.ty]
-    shapes, dtypes = zip(*(static_type(t, b.var.name) for t in tys))
-    node = OpNode(b.var.name, value.op.name, args, value.attrs, list(shapes), list(dtypes), kb)
-    out = opdef.lower(node)
-    outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    for o, shape, dtype in zip(outs, shapes, dtypes):
-        if o.shape != tuple(shape) or o.dtype != dtype:
-            raise CompileError(f"{b.var.name}: lowering of {value.op.name} gives {list(o.shape)} "
-                               f"{o.dtype}, Relax infers {list(shape)} {dtype}")
-    return outs if isinstance(out, (list, tuple)) else out
-
-
-def static_type(ty, where: str) -> tuple[tuple[int, ...], str]:
-    """(shape, dtype) of a static tensor type, else NotLowerable."""
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        raise NotLowerable(f"{where}: {ty} has no static shape")
-    dims = ty.shape.values
-    if any(not isinstance(d, tirx.IntImm) for d in dims):
-        raise NotLowerable(f"{where}: symbolic shape {ty.shape}")
-    dtype = str(ty.dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise NotLowerable(f"{where}: dtype {dtype} is not supported by our kernels")
-    return tuple(int(d) for d in dims), dtype
-
-
-def _convert(arg, env: dict, kb: KernelBuilder, const_args: list):
-    """A Relax call argument as a lowering sees it."""
-    if isinstance(arg, relax.Var):
-        return env[arg]
-    if isinstance(arg, tvm.ir.GenericConst):
-        data = arg.value.numpy()
-        if str(data.dtype) not in SUPPORTED_DTYPES:
-            raise NotLowerable(f"constant of dtype {data.dtype}")
-        if data.size == 1:  # a literal at every index
-            return full(data.shape, data.reshape(()).item(), str(data.dtype))
-        const_args.append(arg)
-        return kb.add_input("const", data.shape, str(data.dtype))
-    if isinstance(arg, relax.Tuple):
-        return [_convert(f, env, kb, const_args) for f in arg.fields]
-    if isinstance(arg, relax.ShapeExpr):
-        if any(not isinstance(d, tirx.IntImm) for d in arg.values):
-            raise NotLowerable(f"symbolic shape argument {arg}")
-        return tuple(int(d) for d in arg.values)
-    if isinstance(arg, (tirx.IntImm, tirx.FloatImm)):
-        return bool(arg.value) if dtype_of(arg) == "bool" else arg.value
-    if isinstance(arg, tvm.ir.StringImm):
-        return arg.value
-    raise NotLowerable(f"argument of kind {type(arg).__name__}")
+    return lower_call(b.var, value, opdef, env, kb, const_args)

@@ -60,7 +60,8 @@ class DataflowGraph:
                  ctx_groups: dict[str, str] | None = None):
         self.block = block
         self.nodes: list[Node] = []
-        index_of: dict[relax.Var, int] = {}
+        self.index_of: dict[relax.Var, int] = {}  # a binding's variable -> its node
+        index_of = self.index_of
         for i, binding in enumerate(block.bindings):
             node = _make_node(i, binding, registry)
             for v in relax.analysis.free_vars(binding.value):

@@ -162,12 +162,11 @@ def _condensed_order(graph: DataflowGraph, groups: list[Group]):
     for n in graph:
         if n.index not in grouped:
             owner[n.index] = ("n", n.index)
-    index_of_var = {n.var: n.index for n in graph}
 
     def needs(reads) -> set:
         out = set()
         for v in reads:
-            i = index_of_var.get(v)
+            i = graph.index_of.get(v)
             if i is None:
                 continue
             if i not in owner:
