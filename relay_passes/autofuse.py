@@ -37,11 +37,10 @@ from tvm import relax, tirx
 
 from relay_passes.lower_call import lower_call
 from relay_passes.graph import DataflowGraph, Node
-from relay_passes.partition import Decision, Group, Partition
+from relay_passes.partition import Decision, Partition, decisions_text, default_outputs, make_partition
 from tvm_ext import loop_ir as L
 from tvm_ext.errors import NotLowerable
 from tvm_ext.lowering import KernelBuilder, TensorValue
-from tvm_ext.patterns import OpPattern
 
 
 class BoxKind(enum.Enum):
@@ -133,8 +132,7 @@ class AutoFusePlan:
                          if isinstance(b, KernelBox))
 
     def log_text(self) -> str:
-        w = max([4] + [len(n.name) for n in self.graph])
-        return "\n".join(f"{self.graph[d.node].name:>{w}s} {d.action:9s} {d.reason}" for d in self.log)
+        return decisions_text(self.graph, self.log)
 
 
 class AutoFuse:
@@ -361,29 +359,23 @@ class _Lowering:
             del self.plan.kernels[kid]
             for n in sorted(ops):
                 single = self._new_kernel([n] + [c for c in g[n].consumers if g[c].kind == "get_item"])
-                self.plan.kernels[single].outputs = {m for m in self.plan.kernels[single].nodes
-                                                     if g[m].is_output or any(c not in self.plan.kernels[single].nodes
-                                                                              for c in g[m].consumers)}
+                self.plan.kernels[single].outputs = set(default_outputs(g, self.plan.kernels[single].nodes))
                 self._decide(n, "rollback", "rollback", f"kernel of {len(ops)} ops < {self.rules.rollback_threshold}")
 
 
 def _to_partition(plan: AutoFusePlan) -> Partition:
     g = plan.graph
-    part = Partition(g)
-    for k in sorted(plan.kernels.values(), key=lambda k: min(k.outputs or k.nodes)):
-        nodes = sorted(k.nodes)
-        ops = [n for n in nodes if g[n].kind == "op"]
-        if not ops or not k.outputs:  # nothing reads it: its work was inlined everywhere
-            continue
-        if len(ops) == 1 and g[ops[0]].is_view and not k.local:
-            part.decisions.append(Decision(ops[0], "view", "alone: TVM makes it a zero-copy reshape"))
-            continue
-        pattern = max(g[n].pattern for n in ops)
-        outputs = sorted(k.outputs)
-        anchors = [n for n in ops if g[n].pattern == OpPattern.OUT_EWISE_FUSABLE and g[n].op in _ANCHORS]
-        master = anchors[0] if anchors else -1  # its epilogue runs on its output tiles
-        part.groups.append(Group(len(part.groups), nodes, pattern, master, outputs=outputs, local=sorted(k.local)))
-    part.decisions = list(plan.log) + part.decisions
+    kernels = sorted((k for k in plan.kernels.values() if k.outputs and any(g[n].kind == "op" for n in k.nodes)),
+                     key=lambda k: min(k.outputs))  # a kernel nothing reads was inlined everywhere
+    part = make_partition(g, [sorted(k.nodes) for k in kernels], [sorted(k.outputs) for k in kernels],
+                          keep_views={n for k in kernels for n in k.local})  # a view the rules realized
+    by_outputs = {tuple(sorted(k.outputs)): k for k in kernels}
+    for group in part.groups:
+        kernel = by_outputs[tuple(group.outputs)]
+        group.local = sorted(kernel.local)
+        anchors = [n for n in group.nodes if g[n].op in _ANCHORS]
+        group.master = anchors[0] if anchors else -1  # its epilogue runs on its output tiles
+    part.decisions = list(plan.log) + [d for d in part.decisions if d.action == "view"]
     return part
 
 

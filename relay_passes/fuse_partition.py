@@ -28,7 +28,7 @@ from typing import Iterable
 from tvm import relax
 
 from relay_passes.graph import DataflowGraph, Node
-from relay_passes.partition import Decision, Partition, make_partition
+from relay_passes.partition import Decision, Partition, decisions_text, make_partition
 from tvm_ext.patterns import OpPattern
 
 
@@ -83,8 +83,7 @@ class FusePlan:
         return "\n".join(rows)
 
     def log_text(self) -> str:
-        w = max([4] + [len(n.name) for n in self.graph])
-        return "\n".join(f"{self.graph[d.node].name:>{w}s} {d.action:8s} {d.reason}" for d in self.log)
+        return decisions_text(self.graph, self.log)
 
     def partition(self) -> Partition:
         """Groups by root. Nodes we cannot lower stay out (TVM's kernels); a view op alone
@@ -94,13 +93,8 @@ class FusePlan:
         for n in g:
             if n.kind == "op" and n.lowerable:
                 by_root.setdefault(self.group_root[n.index], []).append(n.index)
-        sets = []
-        for members in by_root.values():
-            if len(members) == 1 and g[members[0]].is_view:
-                continue
-            members = members + [c for m in members for c in g[m].consumers
-                                 if g[c].kind == "get_item" and g[c].lowerable]
-            sets.append(members)
+        sets = [members + [c for m in members for c in g[m].consumers if g[c].kind == "get_item" and g[c].lowerable]
+                for members in by_root.values()]
         part = make_partition(g, sets)
         for grp in part.groups:
             grp.master = self.master_node[grp.root]

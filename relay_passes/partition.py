@@ -16,7 +16,7 @@ zero-copy reshape, which beats any copy kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 from relay_passes.graph import DataflowGraph, Node
 from tvm_ext.patterns import OpPattern
@@ -83,18 +83,37 @@ def _leftovers(graph: DataflowGraph, part: Partition, taken: set[int]) -> None:
             part.decisions.append(Decision(node.index, "tvm", node.why_not or "not lowerable"))
 
 
-def make_partition(graph: DataflowGraph, sets: list[list[int]]) -> Partition:
-    """Groups from sets of node indices (pattern: the most complex inside), plus the log
-    lines for nodes left to TVM or left as views."""
+def default_outputs(graph: DataflowGraph, members) -> list[int]:
+    """Members read outside the group or after the block."""
+    inside = set(members)
+    return sorted(n for n in inside if graph[n].is_output or any(c not in inside for c in graph[n].consumers))
+
+
+def make_partition(graph: DataflowGraph, sets: list[list[int]], outputs: list[list[int]] | None = None,
+                   keep_views: Collection[int] = ()) -> Partition:
+    """Groups from sets of node indices (pattern: the most complex inside; outputs given or
+    ``default_outputs``), plus the log lines for nodes left to TVM or left as views. A set
+    that is one view op alone is not a group unless the op is in ``keep_views``: TVM makes
+    it a zero-copy reshape, which beats any copy kernel."""
     part = Partition(graph)
-    for members in sets:
+    taken: set[int] = set()
+    for i, members in enumerate(sets):
         members = sorted(set(members))
-        pattern = max((graph[n].pattern for n in members if graph[n].kind == "op"), default=OpPattern.OPAQUE)
-        inside = set(members)
-        outputs = [n for n in members if graph[n].is_output or any(c not in inside for c in graph[n].consumers)]
-        part.groups.append(Group(len(part.groups), members, pattern, outputs=outputs))
-    _leftovers(graph, part, {n for s in sets for n in s})
+        ops = [n for n in members if graph[n].kind == "op"]
+        if len(ops) == 1 and graph[ops[0]].is_view and ops[0] not in keep_views:
+            continue
+        pattern = max((graph[n].pattern for n in ops), default=OpPattern.OPAQUE)
+        outs = sorted(outputs[i]) if outputs is not None else default_outputs(graph, members)
+        part.groups.append(Group(len(part.groups), members, pattern, outputs=outs))
+        taken.update(members)
+    _leftovers(graph, part, taken)
     return part
+
+
+def decisions_text(graph: DataflowGraph, decisions: list[Decision]) -> str:
+    """A decision log, one line per decision: node, action, reason."""
+    w = max([4] + [len(n.name) for n in graph])
+    return "\n".join(f"{graph[d.node].name:>{w}s} {d.action:9s} {d.reason}" for d in decisions)
 
 
 def _with_get_items(graph: DataflowGraph, members: list[int]) -> list[int]:
@@ -121,9 +140,8 @@ def partition_each(graph: DataflowGraph) -> Partition:
 
 
 def _singletons(graph: DataflowGraph, include_views: bool) -> Partition:
-    sets = [_with_get_items(graph, [n.index]) for n in graph
-            if _groupable(n) and (include_views or not n.is_view)]
-    part = make_partition(graph, sets)
+    sets = [_with_get_items(graph, [n.index]) for n in graph if _groupable(n)]
+    part = make_partition(graph, sets, keep_views={n.index for n in graph} if include_views else ())
     for g in part.groups:
         part.decisions.append(Decision(g.root, "alone", "fusion disabled"))
     return part
@@ -164,8 +182,7 @@ def partition_chains(graph: DataflowGraph) -> Partition:
     for node in graph:
         if _groupable(node):
             sets.setdefault(find(node.index), []).append(node.index)
-    kept = [m for m in sets.values() if not (len(m) == 1 and graph[m[0]].is_view)]
-    part = make_partition(graph, [_with_get_items(graph, m) for m in kept])
+    part = make_partition(graph, [_with_get_items(graph, m) for m in sets.values()])
     for g in part.groups:
         for n in g.nodes:
             if graph[n].kind == "op":

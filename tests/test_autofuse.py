@@ -243,6 +243,14 @@ def test_rule_realize_op_exp_is_a_stage_computed_once():
     assert "realize-op" not in _rules(plan)
 
 
+
+def test_rule_realize_op_keeps_a_view_alone_as_its_own_kernel():
+    # A reshape alone is left to TVM (a zero-copy view) unless the rules ask to realize it.
+    mod = build_module(lambda x: R.reshape(x, (8, 4)), [((4, 8), "float32")])
+    graph = _graph(mod)
+    assert _kernels(graph, AutoFuse()) == []
+    assert _kernels(graph, AutoFuse(realize_ops=frozenset(["relax.reshape"]), rollback_threshold=0)) == [["gv"]]
+
 def test_rule_unused_input_is_not_fused_into_its_reader():
     mod = build_module(lambda x, y: R.add(R.zeros_like(R.exp(x)), y), [((4, 8), "float32")] * 2)
     graph, plan = _analyze(mod)
