@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from tvm import relax
 
+import tvm_ext
 from conftest import as_tuple, build_module, compile_strict
 from tvm_ext import OPS
 
@@ -382,6 +383,15 @@ def test_int32_binary(name, ref) -> None:
     compiled = compile_strict(build_module(lambda x, y: getattr(R, name)(x, y), [((4, 6), "int32"), ((6,), "int32")]))
     np.testing.assert_array_equal(compiled(a, b), ref(a, b))
 
+
+
+def test_float_only_unary_ops_leave_integer_inputs_to_tvm() -> None:
+    # floor is float-only (loop_ir.SCALAR_OPS): on int32 our lowering declines it; abs is not.
+    floor = tvm_ext.compile(build_module(R.floor, [((4, 8), "int32")])).report()
+    assert [(d.action, d.reason.endswith("float only")) for d in floor.decisions] == [("extern", True)]
+    compiled = compile_strict(build_module(R.abs, [((4, 8), "int32")]))
+    a = np.arange(-16, 16, dtype="int32").reshape(4, 8)
+    np.testing.assert_array_equal(compiled(a), np.abs(a))
 
 def test_int64_sum_and_max() -> None:
     a = np.random.default_rng(4).integers(-1000, 1000, (5, 300)).astype("int64")

@@ -62,11 +62,12 @@ for _name in ("add", "subtract", "multiply", "divide", "floor_divide", "floor_mo
 register_op("relax.mod", elemwise_or_broadcast, _pointwise_lowering(L.floor_mod),
             doc="Python-style modulo (sign of the divisor).")
 
-for _name in ("negative", "abs", "sign", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite"):
-    unary(f"relax.{_name}", getattr(L, _name), doc=f"Unary {_name}.")
-for _name in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "tan",
+for _name in ("negative", "abs", "sign", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
+              "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "tan",
               "floor", "ceil", "round", "trunc"):
-    unary(f"relax.{_name}", getattr(L, _name), float_only=True, doc=f"Unary {_name} (float).")
+    _float_only = L.SCALAR_OPS[_name].float_only
+    unary(f"relax.{_name}", getattr(L, _name), float_only=_float_only,
+          doc=f"Unary {_name}" + (" (float)." if _float_only else "."))
 
 unary("relax.square", lambda x: x * x, doc="x * x.")
 
