@@ -1,17 +1,40 @@
 """Anchor ops (OutEWiseFusable): matmul and conv2d, lowered to one reduction stage each."""
 from __future__ import annotations
 
-from tvm import tirx
+from tvm import relax, tirx
 
 from tvm_ext import loop_ir as L
-from tvm_ext.errors import ShapeError
+from tvm_ext.errors import ShapeError, UnsupportedOpError
+from tvm_ext.gradient_rules import shape_of, sum_to, swap_last_two
 from tvm_ext.lowering import (TensorValue, broadcast_shapes, cast_value, check_no_lowering, pad,
                               reduce_stage)
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, register_op
 
 
-@register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE)
+def _grad_matmul(call, y, g, bb):
+    """da = g @ b^T, db = a^T @ g on the batched 2-d forms, summed back over broadcast batch dims."""
+    a, b = call.args
+    sa, sb = shape_of(a), shape_of(b)
+    a_vec, b_vec = len(sa) == 1, len(sb) == 1
+    a2 = relax.op.reshape(a, (1,) + sa) if a_vec else a
+    b2 = relax.op.reshape(b, sb + (1,)) if b_vec else b
+    m = 1 if a_vec else sa[-2]
+    n = 1 if b_vec else sb[-1]
+    k = sa[-1]
+    gs = shape_of(g)
+    batch = gs[:len(gs) - (0 if a_vec else 1) - (0 if b_vec else 1)]
+    g2 = relax.op.reshape(g, batch + (m, n))
+    da = relax.op.matmul(g2, swap_last_two(b2, max(len(sb), 2)))
+    db = relax.op.matmul(swap_last_two(a2, max(len(sa), 2)), g2)
+    if a_vec:
+        da = relax.op.reshape(da, batch + (k,))
+    if b_vec:
+        db = relax.op.reshape(db, batch + (k,))
+    return [sum_to(da, sa, bb), sum_to(db, sb, bb)]
+
+
+@register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_matmul)
 def _matmul(node: OpNode) -> TensorValue:
     """out[..., i, j] = sum_k a[..., i, k] * b[..., k, j], numpy's 1-d and batch rules."""
     a, b = node.args
@@ -55,7 +78,34 @@ def _unsqueeze(idx, keep, ndim):
     return [next(it) if d in keep else 0 for d in range(ndim)]
 
 
-@register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE)
+def _grad_conv2d(call, y, g, bb):
+    """Data: conv2d_transpose of g with the weight. Weight: a convolution of the input (channels
+    as batch) with g (batch as channels), strides and dilation swapped, cropped to the kernel."""
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NCHW", "OIHW", "NCHW") or int(attrs.groups) != 1:
+        raise UnsupportedOpError(f"gradient of conv2d '{y.name}': only NCHW/OIHW layouts and groups=1 "
+                                 f"are supported (got layouts {layouts}, groups {int(attrs.groups)})")
+    x, w = call.args
+    _, _, in_h, in_w = shape_of(x)
+    _, _, kh, kw = shape_of(w)
+    _, _, gh, gw = shape_of(g)
+    strides = [int(s) for s in attrs.strides]
+    dilation = [int(d) for d in attrs.dilation]
+    pt, pl, pb, pr = (int(p) for p in attrs.padding)
+    covered_h = (gh - 1) * strides[0] - pt - pb + (kh - 1) * dilation[0] + 1
+    covered_w = (gw - 1) * strides[1] - pl - pr + (kw - 1) * dilation[1] + 1
+    dx = relax.op.nn.conv2d_transpose(g, w, strides, [pt, pl, pb, pr], [in_h - covered_h, in_w - covered_w],
+                                      dilation, 1, "NCHW", "IOHW")
+    xt = relax.op.permute_dims(x, [1, 0, 2, 3])
+    gt = relax.op.permute_dims(g, [1, 0, 2, 3])
+    dwt = bb.normalize(relax.op.nn.conv2d(xt, gt, strides=dilation, padding=[pt, pl, pb, pr], dilation=strides))
+    if shape_of(dwt)[2:] != (kh, kw):
+        dwt = relax.op.strided_slice(dwt, [2, 3], [0, 0], [kh, kw])
+    return [dx, relax.op.permute_dims(dwt, [1, 0, 2, 3])]
+
+
+@register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d)
 def _conv2d(node: OpNode) -> TensorValue:
     """NCHW x OIHW direct convolution with strides, padding, dilation and groups.
 

@@ -11,6 +11,7 @@ from typing import Callable
 from tvm import relax
 
 from tvm_ext import loop_ir as L
+from tvm_ext.gradient_rules import GradientRule, const, dtype_of, sum_to_like
 from tvm_ext.lowering import TensorValue, check_no_lowering, full, pointwise
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, register_op
@@ -45,12 +46,59 @@ def _pointwise_lowering(fn: Callable[..., L.LoopExpr], float_only: bool = False)
 
 
 def unary(name: str, fn: Callable[[L.LoopExpr], L.LoopExpr], float_only: bool = False,
-          doc: str = "") -> None:
-    register_op(name, OpPattern.ELEMWISE, _pointwise_lowering(fn, float_only), doc=doc)
+          doc: str = "", gradient: GradientRule | None = None) -> None:
+    register_op(name, OpPattern.ELEMWISE, _pointwise_lowering(fn, float_only), doc=doc, gradient=gradient)
 
 
-def binary(name: str, fn: Callable[[L.LoopExpr, L.LoopExpr], L.LoopExpr], doc: str = "") -> None:
-    register_op(name, elemwise_or_broadcast, _pointwise_lowering(fn), doc=doc)
+def binary(name: str, fn: Callable[[L.LoopExpr, L.LoopExpr], L.LoopExpr], doc: str = "",
+           gradient: GradientRule | None = None) -> None:
+    register_op(name, elemwise_or_broadcast, _pointwise_lowering(fn), doc=doc, gradient=gradient)
+
+
+# ---- gradients: each maps the output's adjoint g to one adjoint per argument (new nodes);
+#      broadcast arguments get theirs summed back to their shape.
+_op = relax.op
+
+
+def _mask(cond: relax.Expr, like: relax.Expr) -> relax.Expr:
+    return _op.astype(cond, dtype_of(like))
+
+
+def _grad_maximum(call, y, g, bb):
+    a, b = call.args
+    m = _mask(_op.greater_equal(a, b), g)
+    return [sum_to_like(g * m, a, bb), sum_to_like(g * (const(1.0, g) - m), b, bb)]
+
+
+BINARY_GRADIENTS: dict[str, GradientRule] = {
+    "add": lambda call, y, g, bb: [sum_to_like(g, a, bb) for a in call.args],
+    "subtract": lambda call, y, g, bb: [sum_to_like(g, call.args[0], bb),
+                                        sum_to_like(_op.negative(g), call.args[1], bb)],
+    "multiply": lambda call, y, g, bb: [sum_to_like(g * call.args[1], call.args[0], bb),
+                                        sum_to_like(g * call.args[0], call.args[1], bb)],
+    "divide": lambda call, y, g, bb: [sum_to_like(g / call.args[1], call.args[0], bb),
+                                      sum_to_like(_op.negative(g * y / call.args[1]), call.args[1], bb)],
+    "power": lambda call, y, g, bb: [
+        sum_to_like(g * call.args[1] * _op.power(call.args[0], call.args[1] - const(1.0, call.args[1])),
+                    call.args[0], bb),
+        sum_to_like(g * y * _op.log(call.args[0]), call.args[1], bb)],
+    "maximum": _grad_maximum,
+    "minimum": lambda call, y, g, bb: list(reversed(_grad_maximum(
+        relax.Call(call.op, list(reversed(call.args))), y, g, bb))),
+}
+
+UNARY_GRADIENTS: dict[str, GradientRule] = {
+    "negative": lambda call, y, g, bb: [_op.negative(g)],
+    "exp": lambda call, y, g, bb: [g * y],
+    "log": lambda call, y, g, bb: [g / call.args[0]],
+    "sqrt": lambda call, y, g, bb: [g * const(0.5, g) / y],
+    "rsqrt": lambda call, y, g, bb: [g * const(-0.5, g) * y * y * y],
+    "tanh": lambda call, y, g, bb: [g * (const(1.0, g) - y * y)],
+    "sigmoid": lambda call, y, g, bb: [g * y * (const(1.0, g) - y)],
+    "abs": lambda call, y, g, bb: [g * _op.sign(call.args[0])],
+    "sin": lambda call, y, g, bb: [g * _op.cos(call.args[0])],
+    "cos": lambda call, y, g, bb: [_op.negative(g * _op.sin(call.args[0]))],
+}
 
 
 # ---- arithmetic and comparisons: one scalar primitive each
@@ -58,7 +106,8 @@ for _name in ("add", "subtract", "multiply", "divide", "floor_divide", "floor_mo
               "maximum", "minimum", "equal", "not_equal", "less", "less_equal", "greater",
               "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
               "bitwise_or", "bitwise_xor"):
-    binary(f"relax.{_name}", getattr(L, _name), doc=f"Binary {_name}, numpy broadcasting.")
+    binary(f"relax.{_name}", getattr(L, _name), doc=f"Binary {_name}, numpy broadcasting.",
+           gradient=BINARY_GRADIENTS.get(_name))
 register_op("relax.mod", elemwise_or_broadcast, _pointwise_lowering(L.floor_mod),
             doc="Python-style modulo (sign of the divisor).")
 
@@ -67,13 +116,22 @@ for _name in ("negative", "abs", "sign", "logical_not", "bitwise_not", "isnan", 
               "floor", "ceil", "round", "trunc"):
     _float_only = L.SCALAR_OPS[_name].float_only
     unary(f"relax.{_name}", getattr(L, _name), float_only=_float_only,
-          doc=f"Unary {_name}" + (" (float)." if _float_only else "."))
+          doc=f"Unary {_name}" + (" (float)." if _float_only else "."), gradient=UNARY_GRADIENTS.get(_name))
 
-unary("relax.square", lambda x: x * x, doc="x * x.")
+unary("relax.square", lambda x: x * x, doc="x * x.",
+      gradient=lambda call, y, g, bb: [g * const(2.0, g) * call.args[0]])
 
 # ---- activations, written as their math
-unary("relax.nn.relu", lambda x: L.maximum(x, 0), doc="max(x, 0).")
-unary("relax.nn.silu", lambda x: x * L.sigmoid(x), float_only=True, doc="x * sigmoid(x).")
+unary("relax.nn.relu", lambda x: L.maximum(x, 0), doc="max(x, 0).",
+      gradient=lambda call, y, g, bb: [g * _mask(_op.greater(call.args[0], const(0.0, g)), g)])
+
+
+def _grad_silu(call, y, g, bb):
+    s = _op.sigmoid(call.args[0])
+    return [g * s * (const(1.0, g) + call.args[0] * (const(1.0, g) - s))]
+
+
+unary("relax.nn.silu", lambda x: x * L.sigmoid(x), float_only=True, doc="x * sigmoid(x).", gradient=_grad_silu)
 unary("relax.nn.gelu", lambda x: x * 0.5 * (1.0 + L.erf(x * (1.0 / math.sqrt(2.0)))),
       float_only=True, doc="x * Phi(x), exact (erf) form.")
 unary("relax.nn.gelu_tanh",
@@ -96,7 +154,13 @@ def _clip(node: OpNode) -> TensorValue:
     return pointwise(lambda v: L.minimum(L.maximum(v, lo), hi), [x], node.out_dtype, node.name)
 
 
-@register_op("relax.where", elemwise_or_broadcast)
+def _grad_where(call, y, g, bb):
+    cond, a, b = call.args
+    zero = const(0.0, g)
+    return [None, sum_to_like(_op.where(cond, g, zero), a, bb), sum_to_like(_op.where(cond, zero, g), b, bb)]
+
+
+@register_op("relax.where", elemwise_or_broadcast, gradient=_grad_where)
 def _where(node: OpNode) -> TensorValue:
     """cond ? a : b, with the branches promoted to one dtype."""
     cond, a, b = node.args
@@ -108,7 +172,12 @@ def _where(node: OpNode) -> TensorValue:
     return pointwise(fn, [cond, a, b], node.out_dtype, node.name, promote=False)
 
 
-@register_op("relax.astype", OpPattern.ELEMWISE)
+def _grad_astype(call, y, g, bb):
+    x = call.args[0]
+    return [_op.astype(g, dtype_of(x)) if dtype_of(x).startswith(("float", "bfloat")) else None]
+
+
+@register_op("relax.astype", OpPattern.ELEMWISE, gradient=_grad_astype)
 def _astype(node: OpNode) -> TensorValue:
     """A cast; float -> int truncates toward zero as C does."""
     return pointwise(lambda x: x, node.tensors, node.out_dtype, node.name, promote=False)
@@ -123,6 +192,11 @@ def _fill_value(node: OpNode, arg: int) -> float | int | bool:
     return value
 
 
+def _no_gradient(call, y, g, bb):
+    """The output does not depend on the input's values: no adjoint flows back."""
+    return [None] * len(call.args)
+
+
 def _creation(value_of: Callable[[OpNode], float | int | bool]):
     def lower(node: OpNode) -> TensorValue:
         return full(node.out_shape, value_of(node), node.out_dtype)
@@ -131,10 +205,12 @@ def _creation(value_of: Callable[[OpNode], float | int | bool]):
 
 register_op("relax.zeros", OpPattern.ELEMWISE, _creation(lambda n: 0), doc="All zeros.")
 register_op("relax.ones", OpPattern.ELEMWISE, _creation(lambda n: 1), doc="All ones.")
-register_op("relax.zeros_like", OpPattern.ELEMWISE, _creation(lambda n: 0), doc="Zeros of x's shape.")
-register_op("relax.ones_like", OpPattern.ELEMWISE, _creation(lambda n: 1), doc="Ones of x's shape.")
+register_op("relax.zeros_like", OpPattern.ELEMWISE, _creation(lambda n: 0), doc="Zeros of x's shape.",
+            gradient=_no_gradient)
+register_op("relax.ones_like", OpPattern.ELEMWISE, _creation(lambda n: 1), doc="Ones of x's shape.",
+            gradient=_no_gradient)
 register_op("relax.full", OpPattern.ELEMWISE, _creation(lambda n: _fill_value(n, 1)), doc="Filled.")
 register_op("relax.full_like", OpPattern.ELEMWISE, _creation(lambda n: _fill_value(n, 1)),
-            doc="Filled, x's shape.")
+            doc="Filled, x's shape.", gradient=_no_gradient)
 register_op("relax.ewise_fma", OpPattern.ELEMWISE,
             _pointwise_lowering(lambda a, b, c: a * b + c), doc="a * b + c (TVM has no kernel for it).")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tvm import relax
+
 from tvm_ext import loop_ir as L
+from tvm_ext.gradient_rules import const, shape_of
 from tvm_ext.lowering import TensorValue, check_no_lowering, normalize_axes, pointwise, reduce, view
 from tvm_ext.ops.reduction import mean, variance
 from tvm_ext.patterns import OpPattern
@@ -19,7 +22,40 @@ def along(param: TensorValue, ndim: int, axes: Sequence[int], full_shape: Sequen
     return view(param, shape, lambda idx: [idx[a] for a in axes])
 
 
-@register_op("relax.nn.softmax", OpPattern.OUT_EWISE_FUSABLE)
+def _grad_softmax(call, y, g, bb):
+    """y * (g - sum(g * y)) along the axis."""
+    axis = int(call.attrs.axis)
+    return [y * (g - relax.op.sum(g * y, [axis], keepdims=True))]
+
+
+def _grad_log_softmax(call, y, g, bb):
+    """g - exp(y) * sum(g) along the axis."""
+    axis = int(call.attrs.axis)
+    return [g - relax.op.exp(y) * relax.op.sum(g, [axis], keepdims=True)]
+
+
+def _grad_layer_norm(call, y, g, bb):
+    """With xhat = (x - mean) * rstd: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
+    x, gamma, _ = call.args
+    shape = shape_of(x)
+    axes = sorted(int(a) % len(shape) for a in call.attrs.axes)
+    others = [d for d in range(len(shape)) if d not in axes]
+    param_shape = [shape[d] if d in axes else 1 for d in range(len(shape))]
+    mu = relax.op.mean(x, axes, keepdims=True)
+    rstd = relax.op.rsqrt(relax.op.variance(x, axes, keepdims=True) + const(float(call.attrs.epsilon), x))
+    xhat = (x - mu) * rstd
+    scale, center = bool(call.attrs.scale), bool(call.attrs.center)
+    dxhat = g * relax.op.reshape(gamma, param_shape) if scale else g
+    dx = rstd * (dxhat - relax.op.mean(dxhat, axes, keepdims=True)
+                 - xhat * relax.op.mean(dxhat * xhat, axes, keepdims=True))
+
+    def per_param(v):
+        return relax.op.reshape(relax.op.sum(v, others), shape_of(gamma)) if others else v
+
+    return [dx, per_param(g * xhat) if scale else None, per_param(g) if center else None]
+
+
+@register_op("relax.nn.softmax", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_softmax)
 def _softmax(node: OpNode) -> TensorValue:
     """exp(x - max) / sum(exp(x - max)).
 
@@ -36,7 +72,7 @@ def _softmax(node: OpNode) -> TensorValue:
     return pointwise(lambda v, t: v * (1.0 / t), [e, s], node.out_dtype, node.name)  # 1/t: once per row
 
 
-@register_op("relax.nn.log_softmax", OpPattern.OUT_EWISE_FUSABLE)
+@register_op("relax.nn.log_softmax", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_log_softmax)
 def _log_softmax(node: OpNode) -> TensorValue:
     """x - max - log(sum(exp(x - max)))."""
     x = node.args[0]
@@ -48,7 +84,7 @@ def _log_softmax(node: OpNode) -> TensorValue:
     return pointwise(lambda v, mu, t: v - mu - L.log(t), [x, m, s], node.out_dtype, node.name)
 
 
-@register_op("relax.nn.layer_norm", OpPattern.OUT_EWISE_FUSABLE)
+@register_op("relax.nn.layer_norm", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_layer_norm)
 def _layer_norm(node: OpNode) -> TensorValue:
     """(x - mean) * rsqrt(var + eps) * gamma + beta over ``axes``."""
     x, gamma, beta = node.args

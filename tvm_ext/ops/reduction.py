@@ -5,7 +5,10 @@ pointwise work around it (the 1/N of a mean) stays fusable.
 """
 from __future__ import annotations
 
+from tvm import relax
+
 from tvm_ext import loop_ir as L
+from tvm_ext.gradient_rules import GradientRule, const, keep_reduced_dims, reduced_axes, shape_of
 from tvm_ext.lowering import (TensorValue, check_no_lowering, normalize_axes, on_first_load, pointwise, reduce,
                               reduction)
 from tvm_ext.patterns import OpPattern
@@ -36,8 +39,48 @@ def _simple(kind: str):
     return lower
 
 
+# ---- gradients: the output's adjoint, reduced dims kept, broadcast back over the input
+def _spread(call: relax.Call, g: relax.Expr) -> relax.Expr:
+    shape = shape_of(call.args[0])
+    return keep_reduced_dims(g, shape, call.attrs.axis, bool(call.attrs.keepdims))
+
+
+def _grad_sum(call, y, g, bb):
+    return [relax.op.broadcast_to(_spread(call, g), shape_of(call.args[0]))]
+
+
+def _grad_mean(call, y, g, bb):
+    shape = shape_of(call.args[0])
+    n = 1
+    for a in reduced_axes(shape, call.attrs.axis):
+        n *= shape[a]
+    return [relax.op.broadcast_to(_spread(call, g) * const(1.0 / n, g), shape)]
+
+
+def _grad_extremum(call, y, g, bb):
+    """Through the positions that hold the max (min); ties share the adjoint equally."""
+    x = call.args[0]
+    hit = relax.op.astype(relax.op.equal(x, _spread(call, y)), str(g.ty.dtype))
+    count = relax.op.sum(hit, reduced_axes(shape_of(x), call.attrs.axis), keepdims=True)
+    return [hit * (_spread(call, g) / count)]
+
+
+def _grad_variance(call, y, g, bb):
+    """d var / dx = 2 (x - mean) / N."""
+    x = call.args[0]
+    shape = shape_of(x)
+    axes = reduced_axes(shape, call.attrs.axis)
+    n = 1
+    for a in axes:
+        n *= shape[a]
+    centered = x - relax.op.mean(x, axes, keepdims=True)
+    return [centered * (_spread(call, g) * const(2.0 / n, g))]
+
+
+REDUCE_GRADIENTS: dict[str, GradientRule] = {"sum": _grad_sum, "max": _grad_extremum, "min": _grad_extremum}
+
 for _kind in ("sum", "max", "min", "prod"):
-    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind))
+    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind), gradient=REDUCE_GRADIENTS.get(_kind))
 
 
 def mean(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str) -> TensorValue:
@@ -57,14 +100,14 @@ def variance(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str,
     return mean(node, sq, axes, keepdims, out_dtype)
 
 
-@register_op("relax.mean", OpPattern.COMM_REDUCE)
+@register_op("relax.mean", OpPattern.COMM_REDUCE, gradient=_grad_mean)
 def _mean(node: OpNode) -> TensorValue:
     """Arithmetic mean over the given axes."""
     x = node.args[0]
     return mean(node, x, _axes(node, x), _keepdims(node), node.out_dtype)
 
 
-@register_op("relax.variance", OpPattern.COMM_REDUCE)
+@register_op("relax.variance", OpPattern.COMM_REDUCE, gradient=_grad_variance)
 def _variance(node: OpNode) -> TensorValue:
     """Population variance (ddof=0) over the given axes."""
     x = node.args[0]

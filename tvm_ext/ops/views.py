@@ -5,44 +5,67 @@ zero-copy reshape instead of becoming a copy kernel.
 """
 from __future__ import annotations
 
+from tvm import relax
+
 from tvm_ext import lowering as lw
+from tvm_ext.gradient_rules import shape_of, sum_to_like
 from tvm_ext.lowering import TensorValue, check_no_lowering
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, register_op
 
 
-@register_op("relax.broadcast_to", OpPattern.BROADCAST)
+# ---- gradients: the inverse index map applied to the output's adjoint
+def _grad_reshape_like(call, y, g, bb):
+    """Any reshape-like view: the adjoint takes the input's shape back."""
+    return [relax.op.reshape(g, shape_of(call.args[0]))] + [None] * (len(call.args) - 1)
+
+
+def _grad_permute_dims(call, y, g, bb):
+    ndim = len(shape_of(call.args[0]))
+    axes = list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) % ndim for a in call.attrs.axes]
+    inverse = [axes.index(d) for d in range(ndim)]
+    return [relax.op.permute_dims(g, inverse)]
+
+
+def _grad_take(call, y, g, bb):
+    x, indices = call.args
+    axis = call.attrs.axis
+    return [relax.op.grad.take_backward(g, x, indices, None if axis is None else int(axis)), None]
+
+
+@register_op("relax.broadcast_to", OpPattern.BROADCAST,
+             gradient=lambda call, y, g, bb: [sum_to_like(g, call.args[0], bb), None])
 def _broadcast_to(node: OpNode) -> TensorValue:
     """Size-1 dims read index 0."""
     return lw.broadcast_to(node.args[0], node.out_shape)
 
 
-@register_op("relax.reshape", OpPattern.INJECTIVE, view=True)
+@register_op("relax.reshape", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
 def _reshape(node: OpNode) -> TensorValue:
     """Row-major re-indexing (div/mod only when non-unit dims change)."""
     return lw.reshape(node.args[0], node.out_shape)
 
 
-@register_op("relax.flatten", OpPattern.INJECTIVE, view=True)
+@register_op("relax.flatten", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
 def _flatten(node: OpNode) -> TensorValue:
     """Reshape to one dimension."""
     return lw.reshape(node.args[0], node.out_shape)
 
 
-@register_op("relax.expand_dims", OpPattern.INJECTIVE, view=True)
+@register_op("relax.expand_dims", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
 def _expand_dims(node: OpNode) -> TensorValue:
     """Insert unit dims."""
     return lw.expand_dims(node.args[0], [int(a) for a in node.attr("axis")])
 
 
-@register_op("relax.squeeze", OpPattern.INJECTIVE, view=True)
+@register_op("relax.squeeze", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
 def _squeeze(node: OpNode) -> TensorValue:
     """Drop unit dims."""
     axis = node.attr("axis")
     return lw.squeeze(node.args[0], None if axis is None else [int(a) for a in axis])
 
 
-@register_op("relax.permute_dims", OpPattern.INJECTIVE)
+@register_op("relax.permute_dims", OpPattern.INJECTIVE, gradient=_grad_permute_dims)
 def _permute_dims(node: OpNode) -> TensorValue:
     """Transpose: output index d reads input index axes[d]."""
     axes = node.attr("axes")
@@ -81,7 +104,7 @@ def _split(node: OpNode) -> list[TensorValue]:
     return outs
 
 
-@register_op("relax.take", OpPattern.INJECTIVE)
+@register_op("relax.take", OpPattern.INJECTIVE, gradient=_grad_take)
 def _take(node: OpNode) -> TensorValue:
     """Gather along an axis with indices loaded from a tensor (negative indices wrap)."""
     x, indices = node.args
