@@ -16,7 +16,7 @@ from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, Policy,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
 
-_FAILURES = (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError, KeyError)
+FAILURES = (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError, KeyError)
 
 
 def policies_for(info: BlockInfo, machine: Machine) -> list[Policy]:
@@ -68,7 +68,7 @@ def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epil
             rows.apply(trial, infos[-1], knobs)
             trial.choose(rows.name, knobs)
             return trial.result(name)
-        except _FAILURES:
+        except FAILURES:
             pass
     done: set[str] = set()
     for info in infos:
@@ -82,7 +82,7 @@ def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epil
                 trial = builder.copy()
                 try:
                     claimed = policy.apply(trial, info, knobs)
-                except _FAILURES:
+                except FAILURES:
                     continue
                 builder = trial
                 builder.choose(f"{policy.name}@{info.name}", knobs)

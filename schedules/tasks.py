@@ -1,0 +1,77 @@
+"""Tuning tasks: a compiled model's kernels, one task per distinct kernel and target.
+
+Two kernels that differ only in their name (the same fused ops on the same shapes, in one
+model or in two) are one task, keyed by the structural hash of the unscheduled PrimFunc
+without its attributes, plus the target. The tuning database is indexed by that key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from schedules.analysis import Machine
+from tvm_ext import attrs
+
+
+@dataclass
+class Task:
+    """One kernel to tune."""
+
+    key: str  # structural hash of the kernel, hex
+    name: str  # the kernel's name where it first occurs
+    func: tirx.PrimFunc  # unscheduled
+    target: str
+    weight: int = 1  # how many calls of the model run it
+    fuse_epilogue: bool = True  # what the heuristic does with an anchor's epilogue
+
+    @property
+    def machine(self) -> Machine:
+        return Machine.for_target(tvm.target.Target(self.target))
+
+
+def kernel_key(func: tirx.PrimFunc) -> str:
+    """Structural hash of a kernel's parameters and body (its name and attributes left out)."""
+    bare = tirx.PrimFunc(func.params, func.body, func.ret_type)
+    return f"{tvm_ffi.structural_hash(bare) & (2 ** 64 - 1):016x}"
+
+
+def target_key(target: tvm.target.Target | str) -> str:
+    return str(target if isinstance(target, tvm.target.Target) else tvm.target.Target(target))
+
+
+def extract_tasks(lowered: tvm.IRModule, target: tvm.target.Target, all_kernels: bool = False) -> list[Task]:
+    """The tasks of an unscheduled lowered module (``Pipeline(schedule=False).lower``): our
+    kernels (every PrimFunc with ``all_kernels``), de-duplicated, weighted by call count."""
+    from schedules import master_is_anchor  # the package's pass module imports this one
+
+    calls = _call_counts(lowered)
+    tasks: dict[str, Task] = {}
+    for gv, func in lowered.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        if not (all_kernels or (func.attrs is not None and attrs.KERNEL in func.attrs)):
+            continue
+        key = kernel_key(func)
+        if key in tasks:
+            tasks[key].weight += calls.get(gv.name_hint, 1)
+        else:
+            tasks[key] = Task(key, gv.name_hint, func, target_key(target), calls.get(gv.name_hint, 1),
+                              master_is_anchor(func))
+    return list(tasks.values())
+
+
+def _call_counts(mod: tvm.IRModule) -> dict[str, int]:
+    counts: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, tvm.relax.Call) and expr.op == tvm.ir.Op.get("relax.call_tir"):
+            name = expr.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, tvm.relax.Function):
+            tvm.relax.analysis.post_order_visit(func, visit)
+    return counts
