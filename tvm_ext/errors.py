@@ -26,6 +26,10 @@ class UnsupportedDtypeError(CompileError, TypeError):
     """A dtype that no kernel path here can compute."""
 
 
+class DtypeError(CompileError, TypeError):
+    """Dtypes that do not fit together (operands of one op, a parameter and its data)."""
+
+
 class FrontendError(CompileError):
     """The model could not be imported (torch.export or the ONNX importer failed)."""
 
@@ -39,7 +43,7 @@ def _register_with_ffi() -> None:
     import tvm_ffi
 
     for cls in (CompileError, NotLowerable, ShapeError, UnsupportedOpError, UnsupportedDtypeError,
-                FrontendError, InputError):
+                DtypeError, FrontendError, InputError):
         tvm_ffi.register_error(cls.__name__, cls)
 
 

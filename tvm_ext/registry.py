@@ -48,6 +48,44 @@ class OpNode:
 
 Lowering = Callable[[OpNode], Union[TensorValue, Sequence[TensorValue]]]
 PatternRule = Union[OpPattern, Callable[[relax.Call], OpPattern]]
+ShapeRule = Callable[[tuple, dict], dict]  # (data shape, attrs) -> {input name: shape}
+
+
+@dataclass(frozen=True)
+class SymbolOp:
+    """How the Symbol API (``tvm_ext.symbol``) builds an op that needs more than its Relax call.
+
+    ``emit(bb, inputs, attrs, name)`` adds the op's bindings to a Relax ``BlockBuilder`` (inputs
+    are normalized Relax expressions, so their shapes are known) and returns the final
+    expression, which the caller binds under the node's name; TVM's struct-info inference
+    gives the forward shapes. ``param_shapes(data_shape, attrs)`` is the backward rule of
+    NNVM's partial inference: the shapes of the weight-like inputs that the op's attributes fix.
+    Ops without a ``SymbolOp`` get a generic one from their Relax call.
+    """
+
+    name: str  # function name in tvm_ext.symbol, e.g. "dense"
+    emit: Callable[..., relax.Expr]
+    inputs: tuple[str, ...] = ("data",)  # named inputs; all but the first become Variables if not given
+    aux: tuple[str, ...] = ()  # inputs that are auxiliary states (batch-norm moving statistics)
+    attrs: dict = field(default_factory=dict)  # attribute defaults; other keys are rejected
+    required: tuple[str, ...] = ()  # attributes without a default
+    optional: dict = field(default_factory=dict)  # input name -> attribute that, when true, drops it
+    param_shapes: ShapeRule | None = None
+    num_outputs: int | Callable[[dict], int] = 1
+    aliases: tuple[str, ...] = ()  # MXNet names, e.g. "FullyConnected"
+    doc: str = ""
+
+    def active_inputs(self, attrs: dict) -> tuple[str, ...]:
+        """The inputs present for these attributes (``no_bias=True`` drops the bias)."""
+        return tuple(i for i in self.inputs if not (i in self.optional and attrs.get(self.optional[i])))
+
+
+def pair(value: int | Sequence[int]) -> tuple[int, int]:
+    """A 2-d size attribute (kernel, stride, pad) given as one int or two, as (h, w)."""
+    if isinstance(value, int):
+        return (value, value)
+    h, w = (int(v) for v in value)
+    return (h, w)
 
 
 @dataclass(frozen=True)
@@ -62,6 +100,7 @@ class OpDef:
     view: bool = False  # a pure re-indexing that TVM can turn into a zero-copy reshape
     doc: str = ""
     tags: frozenset = field(default_factory=frozenset)
+    symbol: SymbolOp | None = None  # how tvm_ext.symbol builds it, when its Relax call alone is not enough
 
     def pattern_of(self, call: relax.Call) -> OpPattern:
         return self.pattern(call) if callable(self.pattern) else self.pattern

@@ -9,7 +9,7 @@ from tvm_ext.gradient_rules import shape_of, sum_to, swap_last_two
 from tvm_ext.lowering import (TensorValue, broadcast_shapes, cast_value, check_no_lowering, pad,
                               reduce_stage)
 from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OpNode, register_op
+from tvm_ext.registry import OpNode, SymbolOp, pair, register_op
 
 
 def _grad_matmul(call, y, g, bb):
@@ -34,7 +34,25 @@ def _grad_matmul(call, y, g, bb):
     return [sum_to(da, sa, bb), sum_to(db, sb, bb)]
 
 
-@register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_matmul)
+def _dense_emit(bb, inputs, attrs, name):
+    """data @ weight^T (+ bias), weight laid out (num_hidden, in_features) as in MXNet."""
+    x, w, *bias = inputs
+    y = relax.op.matmul(x, bb.emit(relax.op.permute_dims(w), name + "_weight_t"))
+    return relax.op.add(bb.emit(y, name + "_matmul"), bias[0]) if bias else y
+
+
+def _dense_params(data, attrs):
+    units = int(attrs["num_hidden"])
+    return {"weight": (units, data[-1]), "bias": (units,)}
+
+
+DENSE = SymbolOp("dense", _dense_emit, inputs=("data", "weight", "bias"), attrs={"no_bias": False},
+                 required=("num_hidden",), optional={"bias": "no_bias"}, param_shapes=_dense_params,
+                 aliases=("FullyConnected",),
+                 doc="Fully connected layer on the last axis: data @ weight^T + bias (no implicit flatten).")
+
+
+@register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_matmul, symbol=DENSE)
 def _matmul(node: OpNode) -> TensorValue:
     """out[..., i, j] = sum_k a[..., i, k] * b[..., k, j], numpy's 1-d and batch rules."""
     a, b = node.args
@@ -105,7 +123,34 @@ def _grad_conv2d(call, y, g, bb):
     return [dx, relax.op.permute_dims(dwt, [1, 0, 2, 3])]
 
 
-@register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d)
+def _conv2d_emit(bb, inputs, attrs, name):
+    """NCHW x OIHW convolution (+ bias broadcast over channels)."""
+    x, w, *bias = inputs
+    y = relax.op.nn.conv2d(x, w, strides=pair(attrs["stride"]), padding=pair(attrs["pad"]),
+                           dilation=pair(attrs["dilate"]), groups=int(attrs["num_group"]))
+    if not bias:
+        return y
+    b = bb.emit(relax.op.reshape(bias[0], (1, -1, 1, 1)), name + "_bias_nchw")
+    return relax.op.add(bb.emit(y, name + "_conv"), b)
+
+
+def _conv2d_params(data, attrs):
+    kh, kw = pair(attrs["kernel"])
+    groups, filters = int(attrs["num_group"]), int(attrs["num_filter"])
+    if len(data) != 4 or data[1] % groups or filters % groups:
+        raise ShapeError(f"conv2d takes NCHW data whose channels ({data[1] if len(data) > 1 else '?'}) and "
+                         f"num_filter ({filters}) divide by num_group ({groups}); got data of shape {data}")
+    return {"weight": (filters, data[1] // groups, kh, kw), "bias": (filters,)}
+
+
+CONV2D = SymbolOp("conv2d", _conv2d_emit, inputs=("data", "weight", "bias"),
+                  attrs={"stride": (1, 1), "pad": (0, 0), "dilate": (1, 1), "num_group": 1, "no_bias": False},
+                  required=("num_filter", "kernel"), optional={"bias": "no_bias"},
+                  param_shapes=_conv2d_params, aliases=("Convolution",),
+                  doc="2-d convolution, NCHW data and (num_filter, C/num_group, kh, kw) weight, MXNet's names.")
+
+
+@register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d, symbol=CONV2D)
 def _conv2d(node: OpNode) -> TensorValue:
     """NCHW x OIHW direct convolution with strides, padding, dilation and groups.
 

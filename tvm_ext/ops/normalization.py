@@ -11,7 +11,7 @@ from tvm_ext.gradient_rules import const, shape_of
 from tvm_ext.lowering import TensorValue, check_no_lowering, normalize_axes, pointwise, reduce, view
 from tvm_ext.ops.reduction import mean, variance
 from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OpNode, register_op
+from tvm_ext.registry import OpNode, SymbolOp, register_op
 
 
 def along(param: TensorValue, ndim: int, axes: Sequence[int], full_shape: Sequence[int]) -> TensorValue:
@@ -124,7 +124,29 @@ def _rms_norm(node: OpNode) -> TensorValue:
     return pointwise(lambda v, m, g: v * L.rsqrt(m + eps) * g, [x, ms, w], node.out_dtype, node.name)
 
 
-@register_op("relax.nn.batch_norm", OpPattern.BROADCAST)
+def _batch_norm_emit(bb, inputs, attrs, name):
+    """The normalized data (field 0 of Relax's batch_norm); the moving statistics are aux inputs."""
+    bn = relax.op.nn.batch_norm(*inputs, axis=int(attrs["axis"]), epsilon=float(attrs["eps"]),
+                                center=bool(attrs["center"]), scale=bool(attrs["scale"]),
+                                momentum=float(attrs["momentum"]), training=bool(attrs["training"]))
+    return relax.TupleGetItem(bb.emit(bn, name + "_bn"), 0)
+
+
+def _batch_norm_params(data, attrs):
+    channels = (data[int(attrs["axis"])],)
+    return dict.fromkeys(("gamma", "beta", "moving_mean", "moving_var"), channels)
+
+
+BATCH_NORM = SymbolOp("batch_norm", _batch_norm_emit,
+                      inputs=("data", "gamma", "beta", "moving_mean", "moving_var"),
+                      aux=("moving_mean", "moving_var"),
+                      attrs={"axis": 1, "eps": 1e-5, "momentum": 0.1, "center": True, "scale": True,
+                             "training": False},
+                      param_shapes=_batch_norm_params, aliases=("BatchNorm",),
+                      doc="Batch normalization on ``axis``; gamma, beta and the moving statistics are (C,).")
+
+
+@register_op("relax.nn.batch_norm", OpPattern.BROADCAST, symbol=BATCH_NORM)
 def _batch_norm(node: OpNode) -> list[TensorValue]:
     """Inference: (x - moving_mean) * rsqrt(moving_var + eps) * gamma + beta on ``axis``.
 

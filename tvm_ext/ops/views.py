@@ -11,7 +11,7 @@ from tvm_ext import lowering as lw
 from tvm_ext.gradient_rules import shape_of, sum_to_like
 from tvm_ext.lowering import TensorValue, check_no_lowering
 from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OpNode, register_op
+from tvm_ext.registry import OpNode, SymbolOp, register_op
 
 
 # ---- gradients: the inverse index map applied to the output's adjoint
@@ -46,7 +46,17 @@ def _reshape(node: OpNode) -> TensorValue:
     return lw.reshape(node.args[0], node.out_shape)
 
 
-@register_op("relax.flatten", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
+def _batch_flatten_emit(bb, inputs, attrs, name):
+    """(N, d1, d2, ...) -> (N, d1 * d2 * ...): MXNet's Flatten keeps the batch axis."""
+    x = inputs[0]
+    return relax.op.reshape(x, (shape_of(x)[0], -1))
+
+
+BATCH_FLATTEN = SymbolOp("flatten", _batch_flatten_emit, aliases=("Flatten",),
+                         doc="Keep the first axis, flatten the rest (MXNet's Flatten).")
+
+
+@register_op("relax.flatten", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, symbol=BATCH_FLATTEN)
 def _flatten(node: OpNode) -> TensorValue:
     """Reshape to one dimension."""
     return lw.reshape(node.args[0], node.out_shape)

@@ -1,0 +1,101 @@
+"""A Symbol becomes a Relax IRModule: one ``main`` built with ``relax.BlockBuilder``.
+
+``main``'s parameters are the symbol's arguments then its auxiliary states
+(``Symbol.list_inputs()``), typed by shape inference. Every op node is emitted in graph
+order and bound under the node's name (its intermediates under ``name_*``), so TVM's
+struct-info inference checks the graph once more, and the function attribute
+``tvm_ext.ctx_group`` (binding name -> group) carries the nodes' ``ctx_group`` attributes to
+the passes that keep device groups apart.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import tvm
+from tvm import relax
+
+from tvm_ext import attrs as fattrs
+from tvm_ext.errors import InputError
+from tvm_ext.shape_inference import infer
+from tvm_ext.symbol import Node, Symbol, op_spec
+
+
+def to_relax(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, str],
+             func_name: str = "main") -> tvm.IRModule:
+    """The IRModule of ``symbol`` for the given (partial) input shapes and dtypes."""
+    types = infer(symbol, shapes, dtypes)
+    inputs = symbol.list_inputs()
+    in_shapes = types.of_names(inputs, types.shapes)
+    missing = [n for n, s in zip(inputs, in_shapes) if s is None]
+    if missing:
+        raise InputError(f"to_relax needs the shapes of {missing}, which no op fixes from the given "
+                         f"{sorted(shapes)}. Fix: add them to shapes=")
+    _check_unique_names(types.nodes)
+    params = [relax.Var(n, relax.TensorType(s, d))
+              for n, s, d in zip(inputs, in_shapes, types.of_names(inputs, types.dtypes))]
+    by_name = dict(zip(inputs, params))
+    out_nodes = {id(e.node) for e in symbol.outputs}
+    values: dict[tuple[int, int], relax.Expr] = {}
+    last_binding: dict[str, Node] = {}  # a node's final binding name -> the node
+    bb = relax.BlockBuilder()
+    with bb.function(func_name, params):
+        with bb.dataflow():
+            for node in types.nodes:
+                if node.is_variable:
+                    values[(id(node), 0)] = by_name[node.name]
+                    continue
+                args = [values[(id(e.node), e.index)] for e in node.inputs]
+                expr = op_spec(node.op).emit(bb, args, node.attrs, node.name)
+                if node.num_outputs == 1:
+                    emit = bb.emit_output if id(node) in out_nodes else bb.emit
+                    out = emit(expr, node.name)
+                    values[(id(node), 0)] = out
+                else:
+                    out = bb.emit(expr, node.name)
+                    for i in range(node.num_outputs):
+                        item = relax.TupleGetItem(out, i)
+                        values[(id(node), i)] = item
+                last_binding[node.name] = node
+            results = [values[(id(e.node), e.index)] for e in symbol.outputs]
+            results = [bb.emit_output(r, _output_name(symbol, i)) if isinstance(r, relax.TupleGetItem) else r
+                       for i, r in enumerate(results)]
+        bb.emit_func_output(results[0] if len(results) == 1 else relax.Tuple(results))
+    mod = bb.get()
+    groups = _ctx_groups(mod[func_name], last_binding)
+    if groups:
+        mod[func_name] = mod[func_name].with_attr(fattrs.CTX_GROUP, groups)
+    return mod
+
+
+def _output_name(symbol: Symbol, i: int) -> str:
+    return symbol.outputs[i].name
+
+
+def _check_unique_names(nodes: list[Node]) -> None:
+    seen: set[str] = set()
+    for n in nodes:
+        if n.name in seen:
+            raise InputError(f"two nodes of the graph are named '{n.name}'; Relax bindings take the node "
+                             "names, so give them distinct name= arguments")
+        seen.add(n.name)
+
+
+def _ctx_groups(func: relax.Function, last_binding: dict[str, Node]) -> dict[str, str]:
+    """Binding name -> ctx_group of the node whose bindings it is part of.
+
+    A node's bindings are contiguous and end with the one named after it, so every binding
+    before that one (and after the previous node's) belongs to it.
+    """
+    groups: dict[str, str] = {}
+    pending: list[str] = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            pending.append(binding.var.name)
+            node = last_binding.get(binding.var.name)
+            if node is None:
+                continue
+            group = node.user_attrs.get("ctx_group")
+            if group is not None:
+                groups.update(dict.fromkeys(pending, group))
+            pending = []
+    return groups
