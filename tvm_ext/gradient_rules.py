@@ -65,9 +65,16 @@ def sum_to_like(grad: relax.Expr, like: relax.Expr, bb: relax.BlockBuilder) -> r
 
 def keep_reduced_dims(grad: relax.Expr, in_shape: Sequence[int], axis, keepdims: bool) -> relax.Expr:
     """The gradient of a reduction over ``axis`` reshaped with the reduced dims kept (size 1)."""
-    if keepdims:
+    shape = reduced_shape(in_shape, axis)
+    if keepdims or shape == ():
         return grad
-    return relax.op.reshape(grad, reduced_shape(in_shape, axis))
+    return relax.op.reshape(grad, shape)
+
+
+def broadcast_to(grad: relax.Expr, shape: Sequence[int], bb: relax.BlockBuilder) -> relax.Expr:
+    """``broadcast_to`` unless ``grad`` has the shape already."""
+    grad = bb.normalize(grad)
+    return grad if shape_of(grad) == tuple(shape) else relax.op.broadcast_to(grad, shape)
 
 
 def reduced_axes(in_shape: Sequence[int], axis) -> list[int]:

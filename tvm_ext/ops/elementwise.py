@@ -64,10 +64,13 @@ def _mask(cond: relax.Expr, like: relax.Expr) -> relax.Expr:
     return _op.astype(cond, dtype_of(like))
 
 
-def _grad_maximum(call, y, g, bb):
-    a, b = call.args
-    m = _mask(_op.greater_equal(a, b), g)
-    return [sum_to_like(g * m, a, bb), sum_to_like(g * (const(1.0, g) - m), b, bb)]
+def _selector_gradient(first_wins: Callable):
+    """maximum / minimum: the adjoint goes to the argument that was picked (the first on ties)."""
+    def rule(call, y, g, bb):
+        a, b = call.args
+        m = _mask(first_wins(a, b), g)
+        return [sum_to_like(g * m, a, bb), sum_to_like(g * (const(1.0, g) - m), b, bb)]
+    return rule
 
 
 BINARY_GRADIENTS: dict[str, GradientRule] = {
@@ -82,9 +85,8 @@ BINARY_GRADIENTS: dict[str, GradientRule] = {
         sum_to_like(g * call.args[1] * _op.power(call.args[0], call.args[1] - const(1.0, call.args[1])),
                     call.args[0], bb),
         sum_to_like(g * y * _op.log(call.args[0]), call.args[1], bb)],
-    "maximum": _grad_maximum,
-    "minimum": lambda call, y, g, bb: list(reversed(_grad_maximum(
-        relax.Call(call.op, list(reversed(call.args))), y, g, bb))),
+    "maximum": _selector_gradient(_op.greater_equal),
+    "minimum": _selector_gradient(_op.less_equal),
 }
 
 UNARY_GRADIENTS: dict[str, GradientRule] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tvm import relax
 
 from tvm_ext import loop_ir as L
-from tvm_ext.gradient_rules import GradientRule, const, keep_reduced_dims, reduced_axes, shape_of
+from tvm_ext.gradient_rules import GradientRule, broadcast_to, const, keep_reduced_dims, reduced_axes, shape_of
 from tvm_ext.lowering import (TensorValue, check_no_lowering, normalize_axes, on_first_load, pointwise, reduce,
                               reduction)
 from tvm_ext.patterns import OpPattern
@@ -46,7 +46,7 @@ def _spread(call: relax.Call, g: relax.Expr) -> relax.Expr:
 
 
 def _grad_sum(call, y, g, bb):
-    return [relax.op.broadcast_to(_spread(call, g), shape_of(call.args[0]))]
+    return [broadcast_to(_spread(call, g), shape_of(call.args[0]), bb)]
 
 
 def _grad_mean(call, y, g, bb):
@@ -54,7 +54,7 @@ def _grad_mean(call, y, g, bb):
     n = 1
     for a in reduced_axes(shape, call.attrs.axis):
         n *= shape[a]
-    return [relax.op.broadcast_to(_spread(call, g) * const(1.0 / n, g), shape)]
+    return [broadcast_to(_spread(call, g) * const(1.0 / n, g), shape, bb)]
 
 
 def _grad_extremum(call, y, g, bb):
