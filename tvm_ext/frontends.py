@@ -1,4 +1,4 @@
-"""Frontends: a PyTorch module, an ONNX model or a Relax IRModule becomes one IRModule."""
+"""Frontends: a PyTorch module, an ONNX model, a Symbol or a Relax IRModule becomes one IRModule."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import tvm
 
 from tvm_ext.errors import FrontendError
+from tvm_ext.symbol import Symbol
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input: bool = False) -> tvm.IRModule:
@@ -64,9 +65,11 @@ def from_onnx(model: Any, shape_dict: dict[str, Sequence[int]] | None = None) ->
 def import_model(model: Any, example_inputs: Sequence[Any] | None = None,
                  shape_dict: dict[str, Sequence[int]] | None = None,
                  keep_params_as_input: bool = False) -> tvm.IRModule:
-    """Dispatch on the model's kind: IRModule, torch.nn.Module, ONNX model or ``.onnx`` path."""
+    """Dispatch on the model's kind: IRModule, torch.nn.Module, ONNX model, ``.onnx`` path or Symbol."""
     if isinstance(model, tvm.IRModule):
         return model
+    if isinstance(model, Symbol):  # shape_dict: the shapes of some inputs; the rest are inferred
+        return model.to_relax(shapes=dict(shape_dict or {}))
     if isinstance(model, (str, os.PathLike)) and str(model).endswith(".onnx"):
         return from_onnx(model, shape_dict)
     kind = f"{type(model).__module__}.{type(model).__name__}"
@@ -77,7 +80,8 @@ def import_model(model: Any, example_inputs: Sequence[Any] | None = None,
             raise FrontendError("a torch.nn.Module needs example_inputs (a tuple of tensors) to be exported")
         return from_torch(model, example_inputs, keep_params_as_input)
     raise FrontendError(f"cannot compile a {kind}: pass a tvm.IRModule (Relax), a torch.nn.Module "
-                        "with example_inputs, an onnx.ModelProto or a path to a .onnx file")
+                        "with example_inputs, an onnx.ModelProto, a path to a .onnx file or a "
+                        "tvm_ext.sym Symbol with shape_dict")
 
 
 def _is_torch_module(model: Any) -> bool:
