@@ -262,7 +262,7 @@ def _set_shape(types: GraphTypes, entry: NodeEntry, shape: Shape, node: Node | N
         return True
     if old == shape:
         return False
-    what = f"input '{entry.name}'" + (f" ({role})" if role else "")
+    what = _describe(entry, node, role)
     if node is None:
         raise ShapeError(f"{what} has shape {old}, but {source} is {shape}. Fix: give one shape")
     raise ShapeError(f"node '{node.name}' ({node.op}): {what} has shape {old}, but {source} "
@@ -279,11 +279,16 @@ def _set_dtype(types: GraphTypes, entry: NodeEntry, dtype: str, node: Node | Non
         return True
     if old == dtype:
         return False
-    what = f"input '{entry.name}'" + (f" ({role})" if role else "")
+    what = _describe(entry, node, role)
     if node is None:
         raise DtypeError(f"{what} has dtype {old}, but {source} is {dtype}. Fix: give one dtype")
     raise DtypeError(f"node '{node.name}' ({node.op}): {what} has dtype {old}, but {source} makes it "
                      f"{dtype}. Fix: give '{entry.name}' dtype {dtype}, or cast with sym.astype(x, dtype=...)")
+
+
+def _describe(entry: NodeEntry, node: Node | None, role: str | None) -> str:
+    kind = "output" if entry.node is node else "input"
+    return f"{kind} '{entry.name}'" + (f" ({role})" if role else "")
 
 
 def _attrs_text(node: Node) -> str:

@@ -34,9 +34,9 @@ def to_relax(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str,
     params = [relax.Var(n, relax.TensorType(s, d))
               for n, s, d in zip(inputs, in_shapes, types.of_names(inputs, types.dtypes))]
     by_name = dict(zip(inputs, params))
-    out_nodes = {id(e.node) for e in symbol.outputs}
+    out_entries = {(id(e.node), e.index) for e in symbol.outputs}
     values: dict[tuple[int, int], relax.Expr] = {}
-    last_binding: dict[str, Node] = {}  # a node's final binding name -> the node
+    owner: dict[str, Node] = {}  # names of the bindings a node ends with -> the node
     bb = relax.BlockBuilder()
     with bb.function(func_name, params):
         with bb.dataflow():
@@ -47,28 +47,22 @@ def to_relax(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str,
                 args = [values[(id(e.node), e.index)] for e in node.inputs]
                 expr = op_spec(node.op).emit(bb, args, node.attrs, node.name)
                 if node.num_outputs == 1:
-                    emit = bb.emit_output if id(node) in out_nodes else bb.emit
-                    out = emit(expr, node.name)
-                    values[(id(node), 0)] = out
-                else:
-                    out = bb.emit(expr, node.name)
+                    emit = bb.emit_output if (id(node), 0) in out_entries else bb.emit
+                    values[(id(node), 0)] = emit(expr, node.name)
+                else:  # the tuple, then each field under its output name
+                    tup = bb.emit(expr, node.name)
                     for i in range(node.num_outputs):
-                        item = relax.TupleGetItem(out, i)
-                        values[(id(node), i)] = item
-                last_binding[node.name] = node
+                        emit = bb.emit_output if (id(node), i) in out_entries else bb.emit
+                        values[(id(node), i)] = emit(relax.TupleGetItem(tup, i), node.output_name(i))
+                        owner[node.output_name(i)] = node
+                owner[node.name] = node
             results = [values[(id(e.node), e.index)] for e in symbol.outputs]
-            results = [bb.emit_output(r, _output_name(symbol, i)) if isinstance(r, relax.TupleGetItem) else r
-                       for i, r in enumerate(results)]
         bb.emit_func_output(results[0] if len(results) == 1 else relax.Tuple(results))
     mod = bb.get()
-    groups = _ctx_groups(mod[func_name], last_binding)
+    groups = _ctx_groups(mod[func_name], owner)
     if groups:
         mod[func_name] = mod[func_name].with_attr(fattrs.CTX_GROUP, groups)
     return mod
-
-
-def _output_name(symbol: Symbol, i: int) -> str:
-    return symbol.outputs[i].name
 
 
 def _check_unique_names(nodes: list[Node]) -> None:
@@ -80,18 +74,18 @@ def _check_unique_names(nodes: list[Node]) -> None:
         seen.add(n.name)
 
 
-def _ctx_groups(func: relax.Function, last_binding: dict[str, Node]) -> dict[str, str]:
+def _ctx_groups(func: relax.Function, owner: dict[str, Node]) -> dict[str, str]:
     """Binding name -> ctx_group of the node whose bindings it is part of.
 
-    A node's bindings are contiguous and end with the one named after it, so every binding
-    before that one (and after the previous node's) belongs to it.
+    A node's bindings are contiguous and end with ones named after it, so every binding
+    before those (and after the previous node's) belongs to it.
     """
     groups: dict[str, str] = {}
     pending: list[str] = []
     for block in func.body.blocks:
         for binding in block.bindings:
             pending.append(binding.var.name)
-            node = last_binding.get(binding.var.name)
+            node = owner.get(binding.var.name)
             if node is None:
                 continue
             group = node.user_attrs.get("ctx_group")

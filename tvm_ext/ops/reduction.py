@@ -12,7 +12,7 @@ from tvm_ext.gradient_rules import GradientRule, broadcast_to, const, keep_reduc
 from tvm_ext.lowering import (TensorValue, check_no_lowering, normalize_axes, on_first_load, pointwise, reduce,
                               reduction)
 from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OpNode, register_op
+from tvm_ext.registry import OpNode, SymbolOp, pair, register_op
 
 
 def _axes(node: OpNode, x: TensorValue) -> tuple[int, ...]:
@@ -79,8 +79,33 @@ def _grad_variance(call, y, g, bb):
 
 REDUCE_GRADIENTS: dict[str, GradientRule] = {"sum": _grad_sum, "max": _grad_extremum, "min": _grad_extremum}
 
+
+
+def _pool_emit(kind: str):
+    def emit(bb, inputs, attrs, name):
+        """Windows that tile the image are a reshape to (N, C, H/kh, kh, W/kw, kw) and a reduction
+        over the window axes (fusable here); other windows keep Relax's pooling op."""
+        x = inputs[0]
+        (kh, kw), (ph, pw) = pair(attrs["kernel"]), pair(attrs["pad"])
+        sh, sw = pair(attrs["kernel"] if attrs["stride"] is None else attrs["stride"])
+        n, c, h, w = shape_of(x)
+        if (sh, sw) == (kh, kw) and (ph, pw) == (0, 0) and h % kh == 0 and w % kw == 0:
+            windows = bb.emit(relax.op.reshape(x, (n, c, h // kh, kh, w // kw, kw)), name + "_windows")
+            return getattr(relax.op, kind)(windows, axis=[3, 5])
+        pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+        return pool(x, (kh, kw), (sh, sw), (ph, pw))
+    return emit
+
+
+POOLS = {kind: SymbolOp(f"{kind}_pool2d", _pool_emit(kind), attrs={"stride": None, "pad": (0, 0)},
+                        required=("kernel",),
+                        doc=f"2-d {kind} pooling of NCHW data; stride defaults to the kernel"
+                            + (", padding left out of the average." if kind == "avg" else "."))
+         for kind in ("max", "avg")}
+
 for _kind in ("sum", "max", "min", "prod"):
-    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind), gradient=REDUCE_GRADIENTS.get(_kind))
+    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind), gradient=REDUCE_GRADIENTS.get(_kind),
+                symbol=POOLS.get(_kind))
 
 
 def mean(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str) -> TensorValue:
@@ -100,7 +125,7 @@ def variance(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str,
     return mean(node, sq, axes, keepdims, out_dtype)
 
 
-@register_op("relax.mean", OpPattern.COMM_REDUCE, gradient=_grad_mean)
+@register_op("relax.mean", OpPattern.COMM_REDUCE, gradient=_grad_mean, symbol=POOLS["avg"])
 def _mean(node: OpNode) -> TensorValue:
     """Arithmetic mean over the given axes."""
     x = node.args[0]

@@ -101,7 +101,18 @@ def _concat(node: OpNode) -> TensorValue:
     return lw.concat(values, int(axis), node.name)
 
 
-@register_op("relax.split", OpPattern.INJECTIVE)
+def _split_count(attrs) -> int:
+    sections = attrs["indices_or_sections"]
+    return int(sections) if isinstance(sections, int) else len(sections) + 1
+
+
+SPLIT = SymbolOp("split", lambda bb, inputs, attrs, name: relax.op.split(
+                     inputs[0], attrs["indices_or_sections"], int(attrs["axis"])),
+                 attrs={"axis": 0}, required=("indices_or_sections",), num_outputs=_split_count,
+                 doc="Equal sections (an int) or cuts at indices (a list) along ``axis``: one output each.")
+
+
+@register_op("relax.split", OpPattern.INJECTIVE, symbol=SPLIT)
 def _split(node: OpNode) -> list[TensorValue]:
     """Several slices of one input (a multi-output op)."""
     x = node.args[0]
