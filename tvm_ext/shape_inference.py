@@ -4,21 +4,23 @@ Given the shapes (and dtypes) of some inputs, usually only ``data``, fill in eve
 the graph: forward, each op's output types come from TVM's own struct-info inference (the
 node is built in a scratch ``BlockBuilder``); backward, a layer's ``SymbolOp.param_shapes``
 gives its weights' shapes from its data shape and attributes (dense: (num_hidden, in)),
-parameters take their data's dtype, and the tensor operands of elementwise ops share one
-shape and dtype (MXNet's elemwise rule). Both directions repeat until nothing changes (a
-fixed point); any two values that disagree raise a ``ShapeError`` (or ``DtypeError``) naming
-the node, its op and both values. Arguments no rule gives a dtype are float32.
+parameters take their data's dtype, the tensor operands of elementwise ops share one shape
+and dtype (MXNet's elemwise rule), and a unary elementwise op's input has its output's
+shape. Both directions repeat until nothing changes (a fixed point); any two values that
+disagree raise a ``ShapeError`` (or ``DtypeError``) naming the node, its op and both values.
+Arguments no rule gives a dtype are float32.
 """
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import tvm
 from tvm import relax
 
 from tvm_ext.errors import CompileError, DtypeError, InputError, ShapeError
+from tvm_ext.patterns import OpPattern
 from tvm_ext.symbol import Node, NodeEntry, Symbol, format_attr, op_spec
 
 DEFAULT_DTYPE = "float32"
@@ -97,14 +99,22 @@ def infer(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, st
         if name in dtypes:
             _set_dtype(types, entry, str(dtypes[name]), None, f"the dtype given for '{name}'")
     ops = [n for n in types.nodes if not n.is_variable]
-    for fallback in (False, True):
-        while _sweep(types, ops):
+    # Sure rules first; then default dtypes; then, one sweep at a time, the elementwise guess
+    # (operands of one shape), which an op that broadcasts would contradict.
+    defaulted = False
+    while True:
+        while _sweep(types, ops, guess=False):
             pass
-        if not fallback:  # what no rule fixed: default dtype for inputs, input dtype for outputs
-            for node in variables.values():
-                if types.dtype(NodeEntry(node, 0)) is None:
-                    _set_dtype(types, NodeEntry(node, 0), DEFAULT_DTYPE, None, "the default dtype")
-    for node in ops:
+        if not defaulted:
+            defaulted = True
+            unknown = [NodeEntry(n, 0) for n in variables.values() if types.dtype(NodeEntry(n, 0)) is None]
+            for entry in unknown:
+                _set_dtype(types, entry, DEFAULT_DTYPE, None, "the default dtype")
+            if unknown:
+                continue
+        if not _sweep(types, ops, guess=True):
+            break
+    for node in ops:  # outputs no rule typed (their shapes are unknown): the first input's dtype
         first = types.dtype(node.inputs[0]) if node.inputs else None
         for i in range(node.num_outputs):
             if types.dtype(NodeEntry(node, i)) is None and first is not None:
@@ -133,18 +143,18 @@ def _as_shape(name: str, shape: Any) -> Shape:
     return out
 
 
-def _sweep(types: GraphTypes, ops: list[Node]) -> bool:
+def _sweep(types: GraphTypes, ops: list[Node], guess: bool) -> bool:
     """One pass of backward then forward rules over every op node; True if anything changed."""
     changed = False
     for node in ops:
-        changed |= _backward(types, node)
+        changed |= _backward(types, node, guess)
         if id(node) not in types.done:
             changed |= _forward(types, node)
     return changed
 
 
 # --------------------------------------------------------------------------- backward rules
-def _backward(types: GraphTypes, node: Node) -> bool:
+def _backward(types: GraphTypes, node: Node, guess: bool) -> bool:
     info = op_spec(node.op)
     changed = False
     if info.spec is not None:
@@ -164,9 +174,13 @@ def _backward(types: GraphTypes, node: Node) -> bool:
             for pname, entry in zip(names[1:], node.inputs[1:]):
                 changed |= _set_dtype(types, entry, data_dtype, node, f"its data's dtype {data_dtype}", pname)
         return changed
+    out_shape = types.shape(NodeEntry(node, 0))
+    if (out_shape is not None and len(node.inputs) == 1 and info.opdef.pattern == OpPattern.ELEMWISE
+            and types.shape(node.inputs[0]) is None):  # a one-input elementwise op keeps its input's shape
+        changed |= _set_shape(types, node.inputs[0], out_shape, node, "its output (elementwise)")
     shared = _shared_operands(info, node)
-    known = [types.shape(e) for e in shared if types.shape(e) is not None]
-    if known and all(s == known[0] for s in known):
+    known = [types.shape(e) for e in shared if types.shape(e) is not None] or [out_shape] * (out_shape is not None)
+    if guess and known and all(s == known[0] for s in known):  # MXNet's elemwise ops: one shape
         for e in shared:
             if types.shape(e) is None:
                 changed |= _set_shape(types, e, known[0], node, "its other operand (elementwise)")
@@ -185,7 +199,6 @@ def _shared_operands(info, node: Node) -> list[NodeEntry]:
 
 
 def _relax_params(info) -> list[str]:
-    import inspect
     return list(inspect.signature(info.relax_fn).parameters) if info.relax_fn is not None else []
 
 
@@ -203,7 +216,7 @@ def _forward(types: GraphTypes, node: Node) -> bool:
     bb._begin_dataflow_block()
     try:
         out = bb.emit(op_spec(node.op).emit(bb, params, node.attrs, node.name), node.name)
-    except (TypeError, ValueError, tvm.error.TVMError, CompileError) as err:
+    except (TypeError, ValueError, RuntimeError, CompileError) as err:
         if not complete:
             return False  # some rule needs the shapes: wait for them
         raise _forward_error(node, in_shapes, in_dtypes, err) from None
