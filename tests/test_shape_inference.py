@@ -45,6 +45,12 @@ def test_cnn_weights_from_the_data_shape():
     assert out_shapes == [(4, 10)]
 
 
+def test_layer_norm_and_concat():
+    a, b = sym.Variable("a"), sym.Variable("b")
+    net = sym.layer_norm(sym.concat(a, b, axis=-1), axes=(-2, -1), name="ln")
+    assert net.infer_shape(a=(2, 3, 4), b=(2, 3, 5)) == ([(2, 3, 4), (2, 3, 5), (3, 9), (3, 9)], [(2, 3, 9)], [])
+
+
 def test_forward_and_backward_rules_reach_a_fixed_point():
     # w is only known through y + w (elementwise with fc's output); fc2's weight only through w;
     # b only through exp(b) (its output must match data in the add).

@@ -85,6 +85,19 @@ def test_explicit_parameters_and_bad_calls():
         sym.load_json(json.dumps({"nodes": [{"op": "nope", "name": "n", "inputs": []}], "heads": [[0, 0, 0]]}))
     with pytest.raises(AttributeError):
         sym.no_such_op  # noqa: B018
+    with pytest.raises(InputError, match="one by one"):
+        sym.concat([data, w], axis=1)
+
+
+def test_variadic_concat_and_layer_norm_parameters():
+    a, b = sym.Variable("a"), sym.Variable("b")
+    cat = sym.Concat(a, b, sym.exp(a, name="ea"), axis=1, name="cat")
+    node = cat.topo_nodes()[-1]
+    assert node.op == "concat" and [e.name for e in node.inputs] == ["a", "b", "ea_output"]
+    assert node.attrs == {"axis": 1}
+    ln = sym.layer_norm(cat, axes=(0, 1), name="ln")
+    assert ln.list_arguments() == ["a", "b", "ln_gamma", "ln_beta"]
+    assert sym.load_json(ln.tojson()).tojson() == ln.tojson()
 
 
 def test_group_and_indexing():
@@ -228,6 +241,7 @@ def test_compiled_mlp_matches_torch():
     data = sym.Variable("data")
     h = sym.relu(sym.FullyConnected(data, num_hidden=32, name="fc1"), name="relu1")
     h = sym.sigmoid(sym.FullyConnected(h, num_hidden=16, name="fc2")) - 0.5
+    h = sym.layer_norm(sym.concat(h, 2 ** h, axis=1, name="cat"), epsilon=1e-5, name="ln")  # (8, 32)
     net = sym.log_softmax(sym.dense(h, num_hidden=10, name="fc3"), name="out")
     values = _random_inputs(net, {"data": (8, 64)}, seed=1)
     got = _run(tvm_ext.compile(net, shape_dict={"data": (8, 64)}), net, values)
@@ -235,6 +249,7 @@ def test_compiled_mlp_matches_torch():
     F = torch.nn.functional
     ref = F.relu(F.linear(t["data"], t["fc1_weight"], t["fc1_bias"]))
     ref = torch.sigmoid(F.linear(ref, t["fc2_weight"], t["fc2_bias"])) - 0.5
+    ref = F.layer_norm(torch.cat([ref, 2 ** ref], dim=1), (32,), t["ln_gamma"], t["ln_beta"], eps=1e-5)
     ref = F.log_softmax(F.linear(ref, t["fc3_weight"], t["fc3_bias"]), dim=-1)
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
 

@@ -72,6 +72,7 @@ class SymbolOp:
     optional: dict = field(default_factory=dict)  # input name -> attribute that, when true, drops it
     param_shapes: ShapeRule | None = None
     num_outputs: int | Callable[[dict], int] = 1
+    variadic: bool = False  # any number of positional tensor inputs (concat); ``inputs`` unused
     aliases: tuple[str, ...] = ()  # MXNet names, e.g. "FullyConnected"
     doc: str = ""
 

@@ -505,14 +505,18 @@ def op_spec(name: str) -> OpInfo:
 def _call(op: str, args: Sequence[Any], kwargs: dict, name: str | None = None,
           attr: dict[str, str] | None = None) -> Symbol:
     info = op_spec(op)
-    if info.spec is not None:
+    if info.spec is not None and info.spec.variadic:
+        inputs, attrs = list(args), _bind_attrs(info.spec, {**info.spec.attrs}, kwargs)
+        if not inputs or any(isinstance(a, (list, tuple)) for a in inputs):
+            raise InputError(f"{info.name} takes its tensors one by one: {info.name}(a, b, ..., axis=...)")
+    elif info.spec is not None:
         inputs, attrs = _bind_spec(info, args, kwargs)
     else:
         inputs, attrs = _bind_generic(info, args, kwargs)
     node_name = NAMES.get(name, info.name)
     user = _new_user_attrs(attr)
     entries = []
-    if info.spec is not None:  # missing parameters become variables named after the node
+    if info.spec is not None and not info.spec.variadic:  # missing parameters: variables named after the node
         for pname, given in zip(info.spec.active_inputs(attrs), inputs):
             if given is None:
                 given = Symbol([NodeEntry(Node(None, f"{node_name}_{pname}", {}, [], dict(user)))])
@@ -539,18 +543,8 @@ def _bind_spec(info: OpInfo, args: Sequence[Any], kwargs: dict) -> tuple[list, d
         raise InputError(f"{info.name} takes at most {len(spec.inputs)} inputs {list(spec.inputs)} "
                          f"positionally, got {len(args)}")
     given = dict(zip(spec.inputs, args))
-    attrs = dict(spec.attrs)
-    for key, value in kwargs.items():
-        if key in spec.inputs:
-            given[key] = value
-        elif key in spec.attrs or key in spec.required:
-            attrs[key] = tuple(value) if isinstance(value, list) else value
-        else:
-            raise InputError(f"{info.name} has no attribute {key!r}; its attributes are "
-                             f"{sorted([*spec.required, *spec.attrs])}, its inputs {list(spec.inputs)}")
-    missing = [k for k in spec.required if k not in attrs]
-    if missing:
-        raise InputError(f"{info.name} needs the attribute(s) {missing}")
+    given.update({k: v for k, v in kwargs.items() if k in spec.inputs})
+    attrs = _bind_attrs(spec, dict(spec.attrs), {k: v for k, v in kwargs.items() if k not in spec.inputs})
     if given.get(spec.inputs[0]) is None:
         raise InputError(f"{info.name} needs its input '{spec.inputs[0]}'")
     active = spec.active_inputs(attrs)
@@ -559,6 +553,19 @@ def _bind_spec(info: OpInfo, args: Sequence[Any], kwargs: dict) -> tuple[list, d
         raise InputError(f"{info.name}: inputs {dropped} given but the attributes drop them "
                          f"({ {k: spec.optional[k] for k in dropped} })")
     return [given.get(k) for k in active], attrs
+
+
+def _bind_attrs(spec: SymbolOp, attrs: dict, kwargs: dict) -> dict:
+    for key, value in kwargs.items():
+        if key not in spec.attrs and key not in spec.required:
+            raise InputError(f"{spec.name} has no attribute {key!r}; its attributes are "
+                             f"{sorted([*spec.required, *spec.attrs])}"
+                             + ("" if spec.variadic else f", its inputs {list(spec.inputs)}"))
+        attrs[key] = tuple(value) if isinstance(value, list) else value
+    missing = [k for k in spec.required if k not in attrs]
+    if missing:
+        raise InputError(f"{spec.name} needs the attribute(s) {missing}")
+    return attrs
 
 
 def _bind_generic(info: OpInfo, args: Sequence[Any], kwargs: dict) -> tuple[list, dict]:
@@ -570,6 +577,8 @@ def _bind_generic(info: OpInfo, args: Sequence[Any], kwargs: dict) -> tuple[list
     for key, value in bound.arguments.items():
         if isinstance(value, Symbol):
             inputs.append(value)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, Symbol) for v in value):
+            raise InputError(f"{info.name}: pass the Symbols of '{key}' one by one, not as a list")
         else:
             attrs[key] = tuple(value) if isinstance(value, list) else value
     if not inputs:
@@ -602,8 +611,8 @@ def _op_function(info: OpInfo, public_name: str) -> Callable[..., Symbol]:
     fn.__name__ = fn.__qualname__ = public_name
     if info.spec is not None:
         attrs = ", ".join([*info.spec.required, *(f"{k}={v!r}" for k, v in info.spec.attrs.items())])
-        fn.__doc__ = f"{info.spec.doc or info.name}\n\n{public_name}({', '.join(info.spec.inputs)}, {attrs}, " \
-                     "name=None, attr=None)"
+        inputs = "*data" if info.spec.variadic else ", ".join(info.spec.inputs)
+        fn.__doc__ = f"{info.spec.doc or info.name}\n\n{public_name}({inputs}, {attrs}, name=None, attr=None)"
     else:
         fn.__doc__ = f"Symbol form of {info.opdef.name}{inspect.signature(info.relax_fn)}. " \
                      f"{info.opdef.doc}".strip()

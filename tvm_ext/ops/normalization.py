@@ -84,7 +84,25 @@ def _log_softmax(node: OpNode) -> TensorValue:
     return pointwise(lambda v, mu, t: v - mu - L.log(t), [x, m, s], node.out_dtype, node.name)
 
 
-@register_op("relax.nn.layer_norm", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_layer_norm)
+def _layer_norm_emit(bb, inputs, attrs, name):
+    x, gamma, beta = inputs
+    return relax.op.nn.layer_norm(x, gamma, beta, axes=attrs["axes"], epsilon=float(attrs["epsilon"]),
+                                  center=bool(attrs["center"]), scale=bool(attrs["scale"]))
+
+
+def _layer_norm_params(data, attrs):
+    axes = attrs["axes"] if isinstance(attrs["axes"], (tuple, list)) else (attrs["axes"],)
+    shape = tuple(data[int(a)] for a in axes)
+    return {"gamma": shape, "beta": shape}
+
+
+LAYER_NORM = SymbolOp("layer_norm", _layer_norm_emit, inputs=("data", "gamma", "beta"),
+                      attrs={"axes": -1, "epsilon": 1e-5, "center": True, "scale": True},
+                      param_shapes=_layer_norm_params, aliases=("LayerNorm",),
+                      doc="Layer normalization over ``axes``; gamma and beta have the shape of those axes.")
+
+
+@register_op("relax.nn.layer_norm", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_layer_norm, symbol=LAYER_NORM)
 def _layer_norm(node: OpNode) -> TensorValue:
     """(x - mean) * rsqrt(var + eps) * gamma + beta over ``axes``."""
     x, gamma, beta = node.args

@@ -92,7 +92,12 @@ def _strided_slice(node: OpNode) -> TensorValue:
     return out
 
 
-@register_op("relax.concat", OpPattern.INJECTIVE)
+CONCAT = SymbolOp("concat", lambda bb, inputs, attrs, name: relax.op.concat(inputs, int(attrs["axis"])),
+                  attrs={"axis": 0}, variadic=True, aliases=("Concat",),
+                  doc="Join the tensors given positionally along ``axis``: concat(a, b, c, axis=1).")
+
+
+@register_op("relax.concat", OpPattern.INJECTIVE, symbol=CONCAT)
 def _concat(node: OpNode) -> TensorValue:
     """A guarded select over the inputs along the axis."""
     values = node.args[0]
