@@ -67,8 +67,7 @@ def test_hand_worked_gradient_structure_and_values(rng):
     mod = _x_squared_plus_xw()
     adj = Gradient(wrt=["x"])(mod)["main_adjoint"]
     names = bindings(adj)
-    forward = [n for n in names[:5]]
-    assert [o for _, o in forward] == ["relax.multiply", "relax.multiply", "relax.add", "relax.multiply", "relax.sum"]
+    assert [o for _, o in names[:5]] == ["relax.multiply", "relax.multiply", "relax.add", "relax.multiply", "relax.sum"]
     backward = names[5:]
     # only x gets an adjoint; its three contributions (x*x twice, x*w once) are summed by two adds
     assert not any(n.startswith("w_adjoint") for n, _ in backward)
@@ -90,7 +89,7 @@ def test_paths_into_one_value_are_summed(rng):
     mod = scalar_module(lambda x: op.add(op.multiply(op.exp(x), op.exp(x)), op.exp(x)), [(2, 3)], ["x"])
     mod = relax.transform.EliminateCommonSubexpr()(mod)  # one exp, three uses
     adj = Gradient()(mod)["main_adjoint"]
-    exp_var = [n for n, o in bindings(adj) if o == "relax.exp"][0]
+    exp_var = next(n for n, o in bindings(adj) if o == "relax.exp")
     sums = [n for n, o in bindings(adj) if n.startswith(f"{exp_var}_adjoint") and o == "relax.add"]
     assert len(sums) == 2
     vm = relax.VirtualMachine(tvm_ext.compile(Gradient()(mod)).executable, tvm.cpu())
