@@ -165,6 +165,7 @@ class Trainer:
                  seed: int = 0, **compile_options: Any):
         compile_options.setdefault("exact_math", True)
         self._compile_options = compile_options
+        self.compiled: list = []  # the CompiledModels built (train step first), for their reports
         self._device = tvm.cpu(0)
         self.optimizer = optimizer or SGD()
         loss_mod = as_module(model, shapes)
@@ -220,7 +221,9 @@ class Trainer:
     def _compile(self, mod: tvm.IRModule) -> relax.VirtualMachine:
         from tvm_ext.pipeline import compile as compile_model
 
-        return relax.VirtualMachine(compile_model(mod, **self._compile_options).executable, self._device)
+        compiled = compile_model(mod, **self._compile_options)
+        self.compiled.append(compiled)
+        return relax.VirtualMachine(compiled.executable, self._device)
 
     def parameters(self) -> dict[str, np.ndarray]:
         return {n: t.numpy() for n, t in self.params.items()}
