@@ -1,8 +1,9 @@
 """The op registry: one typed entry per Relax op with everything the compiler knows of it.
 
 An ``OpDef`` holds the op's fuse pattern (one of the six NNVM kinds), its Loop-IR lowering,
-and room for its gradient and in-place option. Entries are registered in the modules of
-``tvm_ext.ops`` (one file per family), which ``tvm_ext.ops`` imports explicitly: the set of
+its symbolic gradient (``tvm_ext.gradient_rules``) and room for an in-place option. Entries
+are registered in the modules of ``tvm_ext.ops`` (one file per family), which
+``tvm_ext.ops`` imports explicitly: the set of
 ops never depends on who imported what first, and registering a name twice is an error.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 from tvm import relax
 
+from tvm_ext.gradient_rules import GradientRule
 from tvm_ext.lowering import KernelBuilder, TensorValue
 from tvm_ext.patterns import OpPattern
 
@@ -96,7 +98,7 @@ class OpDef:
     name: str  # Relax op name, e.g. "relax.add"
     pattern: PatternRule  # fixed, or computed from the call (e.g. ElemWise vs Broadcast)
     lower: Lowering | None = None  # Loop-IR lowering; None keeps TVM's legalization
-    gradient: Callable | None = None  # symbolic gradient (the autodiff issue fills these)
+    gradient: GradientRule | None = None  # (call, output, out_grad, bb) -> adjoint per argument
     inplace: tuple[tuple[int, int], ...] = ()  # (input, output) pairs that may share memory
     view: bool = False  # a pure re-indexing that TVM can turn into a zero-copy reshape
     doc: str = ""
