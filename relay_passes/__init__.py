@@ -1,10 +1,12 @@
 """Graph passes over Relax (TVM 0.27 has no Relay; the package keeps the product's name).
 
 Each pass is a ``tvm.ir.transform.Pass`` usable alone in a ``Sequential``:
-``FoldWeightLayout`` (transpose weights once), ``MakeGroups`` (partition + outline
-groups; ``FusePartition`` is NNVM's fusion), ``FuseCompile`` (group -> one PrimFunc).
+``Gradient`` (reverse-mode autodiff), ``FoldWeightLayout`` (transpose weights once),
+``MakeGroups`` (partition + outline groups; ``FusePartition`` is NNVM's fusion),
+``FuseCompile`` (group -> one PrimFunc).
 """
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
+from relay_passes.gradient import Gradient
 from relay_passes.fuse_compile import FuseCompile, lower_group
 from relay_passes.graph import DataflowGraph
 from relay_passes.grouping import MakeGroups
@@ -12,5 +14,5 @@ from relay_passes.fuse_partition import FusePartition, FusePlan
 from relay_passes.partition import Partition, partition_chains, partition_none
 from relay_passes.strategies import PARTITIONERS, partition_nnvm
 
-__all__ = ["DataflowGraph", "FoldTupleGetItem", "FoldWeightLayout", "FuseCompile", "FusePartition", "FusePlan", "MakeGroups",
+__all__ = ["DataflowGraph", "FoldTupleGetItem", "FoldWeightLayout", "FuseCompile", "FusePartition", "FusePlan", "Gradient", "MakeGroups",
            "PARTITIONERS", "Partition", "lower_group", "partition_chains", "partition_nnvm", "partition_none"]

@@ -84,6 +84,17 @@ def test_hand_worked_gradient_structure_and_values(rng):
     np.testing.assert_allclose(dw, (r * x).sum(0), rtol=1e-12)
 
 
+def test_gradient_as_a_pipeline_pass(rng):
+    # compile(..., passes=[Gradient(adjoint_name="main")]): the entry becomes (loss, (dx, dw))
+    compiled = tvm_ext.compile(_x_squared_plus_xw(), passes=[Gradient(adjoint_name="main")])
+    assert [s.name for s in compiled.inputs] == ["x", "w"]
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    r = np.random.default_rng(1).standard_normal((3, 4))
+    _, (dx, dw) = compiled(x, w)
+    np.testing.assert_allclose(dx, r * (2 * x + w), rtol=1e-12)
+    np.testing.assert_allclose(dw, (r * x).sum(0), rtol=1e-12)
+
+
 def test_paths_into_one_value_are_summed(rng):
     # a = exp(x) feeds both a*a and a: y = sum(R * (a*a + a)), dy/dx = R * (2a + 1) * a
     mod = scalar_module(lambda x: op.add(op.multiply(op.exp(x), op.exp(x)), op.exp(x)), [(2, 3)], ["x"])
