@@ -27,9 +27,11 @@ class ScheduleKernels:
     inlining their elementwise intermediate blocks: the "tvm" fusion strategy.
     """
 
-    def __init__(self, machine: Machine | None = None, all_kernels: bool = False):
+    def __init__(self, machine: Machine | None = None, all_kernels: bool = False, history=None):
         self.machine = machine
         self.all_kernels = all_kernels
+        self.history = history  # an ApplyHistoryBest: tuned schedules take precedence
+        self.fallbacks: list[tuple[str, str]] = []  # (kernel, why its record did not apply)
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         machine = self.machine or Machine()
@@ -41,9 +43,23 @@ class ScheduleKernels:
             if ours or self.all_kernels:
                 if not ours:
                     func = inline_intermediates(func)
-                result = schedule_kernel(func, machine, master_is_anchor(func), gv.name_hint)
-                out[gv] = result.func.with_attr(attrs.SCHEDULE, result.summary())
+                tuned = self._tuned(func, machine, gv.name_hint)
+                result = tuned or schedule_kernel(func, machine, master_is_anchor(func), gv.name_hint)
+                summary = result.summary() + (" [tuned]" if tuned is not None else "")
+                out[gv] = result.func.with_attr(attrs.SCHEDULE, summary)
         return out
+
+    def _tuned(self, func: tirx.PrimFunc, machine: Machine, name: str) -> ScheduleResult | None:
+        from schedules.search_space import CandidateError, apply_candidate
+
+        candidate = self.history.lookup(func, name) if self.history is not None else None
+        if candidate is None:
+            return None
+        try:
+            return apply_candidate(func, machine, candidate, name)
+        except CandidateError as err:  # a record from another version of the policies
+            self.fallbacks.append((name, str(err)))
+            return None
 
 
 def master_is_anchor(func: tirx.PrimFunc) -> bool:

@@ -57,18 +57,59 @@ class CandidateError(ValueError):
 
 
 def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048,
-                    seed: int = 0) -> list[Candidate]:
-    """Every candidate that applies (each checked by applying it), in a stable order.
+                    seed: int = 0) -> list[tuple[Candidate, ScheduleResult]]:
+    """Every candidate that applies, with its ScheduleResult, in a stable order.
 
     Blocks are scheduled in order, as the heuristic does; each unclaimed block takes one of
-    its policies with one of the policy's knob settings. A space larger than ``limit`` is
-    sampled: each block's options are shuffled with ``seed`` and the walk stops at ``limit``.
+    its policies with one of the policy's knob settings. The walk stops at ``limit``: use
+    ``sample_space`` for a space larger than that (the first ``limit`` leaves of the walk
+    all share its first choices).
     """
     builder = ScheduleBuilder(func)
     infos = block_infos(builder.sch)
+    out = _whole_kernel_forms(builder, infos, machine)
+    for steps, leaf in _walk(builder, infos, 0, set(), machine):
+        if len(out) >= limit:
+            break
+        for label, knobs in steps:
+            leaf.choose(label, knobs)
+        out.append((steps, leaf.result("kernel")))
+    return out
+
+
+def sample_space(func: tirx.PrimFunc, machine: Machine, n: int, seed: int = 0,
+                 attempts: int = 4) -> list[tuple[Candidate, ScheduleResult]]:
+    """Up to ``n`` distinct candidates by random walks (each block's option drawn uniformly),
+    for spaces too large to enumerate."""
     rng = random.Random(seed)
-    out: list[Candidate] = []
-    rows = PersistentRows(machine)
+    builder = ScheduleBuilder(func)
+    infos = block_infos(builder.sch)
+    out = _whole_kernel_forms(builder, infos, machine)
+    seen = {candidate_key(c) for c, _ in out}
+    for _ in range(attempts * n):
+        if len(out) >= n:
+            break
+        walked = _random_walk(builder, infos, machine, rng)
+        if walked is not None and candidate_key(walked[0]) not in seen:
+            seen.add(candidate_key(walked[0]))
+            out.append(walked)
+    return out
+
+
+def space_bound(func: tirx.PrimFunc, machine: Machine) -> int:
+    """An upper bound of the space's size: the product of each block's options (blocks a
+    policy claims, and options that fail, make the real space smaller)."""
+    builder = ScheduleBuilder(func)
+    infos = block_infos(builder.sch)
+    bound = 1
+    for info in infos:
+        bound *= max(1, len(_options(builder, info, machine)))
+    return bound + len(_whole_kernel_forms(builder, infos, machine))
+
+
+def _whole_kernel_forms(builder: ScheduleBuilder, infos: list[BlockInfo],
+                        machine: Machine) -> list[tuple[Candidate, ScheduleResult]]:
+    rows, out = PersistentRows(machine), []
     if rows.applies(infos[-1], builder):
         for knobs in rows.candidates(infos[-1]):
             trial = builder.copy()
@@ -76,34 +117,56 @@ def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048,
                 rows.apply(trial, infos[-1], knobs)
             except FAILURES:
                 continue
-            out.append([[rows.name, knobs]])
-    for steps in _walk(builder, infos, 0, set(), machine, rng, limit):
-        out.append(steps)
-        if len(out) >= limit:
-            break
+            trial.choose(rows.name, knobs)
+            out.append(([[rows.name, knobs]], trial.result("kernel")))
     return out
 
 
-def _walk(builder: ScheduleBuilder, infos: list[BlockInfo], i: int, done: set[str], machine: Machine,
-          rng: random.Random, limit: int) -> Iterator[Candidate]:
+def _options(builder: ScheduleBuilder, info: BlockInfo, machine: Machine) -> list[tuple[Policy, dict]]:
+    return [(p, k) for p in policies_for(info, machine) if p.applies(info, builder) for k in p.candidates(info)]
+
+
+def _walk(builder: ScheduleBuilder, infos: list[BlockInfo], i: int, done: set[str],
+          machine: Machine) -> Iterator[tuple[Candidate, ScheduleBuilder]]:
     while i < len(infos) and infos[i].name in done:
         i += 1
     if i == len(infos):
-        yield []
+        yield [], builder
         return
     info = infos[i]
-    options = [(p, k) for p in policies_for(info, machine) if p.applies(info, builder) for k in p.candidates(info)]
-    if len(options) > limit:
-        rng.shuffle(options)
-    for policy, knobs in options:
+    for policy, knobs in _options(builder, info, machine):
         trial = builder.copy()
         try:
             claimed = policy.apply(trial, info, dict(knobs))
         except FAILURES:
             continue
         step = [f"{policy.name}@{info.name}", knobs]
-        for rest in _walk(trial, infos, i + 1, done | set(claimed), machine, rng, limit):
-            yield [step] + rest
+        for rest, leaf in _walk(trial, infos, i + 1, done | set(claimed), machine):
+            yield [step] + rest, leaf
+
+
+def _random_walk(builder: ScheduleBuilder, infos: list[BlockInfo], machine: Machine,
+                 rng: random.Random) -> tuple[Candidate, ScheduleResult] | None:
+    steps, done = [], set()
+    for info in infos:
+        if info.name in done:
+            continue
+        options = _options(builder, info, machine)
+        rng.shuffle(options)
+        for policy, knobs in options:
+            trial = builder.copy()
+            try:
+                claimed = policy.apply(trial, info, dict(knobs))
+            except FAILURES:
+                continue
+            label = f"{policy.name}@{info.name}"
+            trial.choose(label, knobs)
+            steps.append([label, knobs])
+            builder, done = trial, done | set(claimed)
+            break
+        else:
+            return None
+    return steps, builder.result("kernel")
 
 
 def _policy(name: str, machine: Machine) -> Policy:

@@ -26,7 +26,7 @@ _LAZY = {
     "compile": "tvm_ext.pipeline", "Pipeline": "tvm_ext.pipeline",
     "CompiledModel": "tvm_ext.compiled_model", "BenchmarkResult": "tvm_ext.compiled_model",
     "TensorSpec": "tvm_ext.compiled_model", "FusionReport": "tvm_ext.report",
-    "KernelInfo": "tvm_ext.report", "host_target": "tvm_ext.target",
+    "KernelInfo": "tvm_ext.report", "host_target": "tvm_ext.target", "tune": "tvm_ext.tuning",
 }
 
 
@@ -39,4 +39,4 @@ def __getattr__(name: str):
 __all__ = ["BenchmarkResult", "CompileError", "CompiledModel", "DtypeError", "FrontendError", "FusionReport",
            "InputError", "KernelInfo", "NotLowerable", "OPS", "OpDef", "OpPattern", "Pipeline",
            "ShapeError", "TensorSpec", "UnsupportedDtypeError", "UnsupportedOpError", "compile",
-           "host_target", "register_op", "sym"]
+           "host_target", "register_op", "sym", "tune"]

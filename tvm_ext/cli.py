@@ -1,4 +1,7 @@
-"""The command line: ``python -m tvm_ext demo`` and ``python -m tvm_ext compile MODEL``."""
+"""The command line: ``python -m tvm_ext demo``, ``compile MODEL`` and ``tune MODEL``.
+
+MODEL is a path to a .onnx file or the name of a built-in model (``tvm_ext.models``).
+"""
 from __future__ import annotations
 
 import argparse
@@ -19,20 +22,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--fusion", default="autofuse", help="autofuse | nnvm | tvm | chains | none")
     demo.add_argument("--repeat", type=int, default=7, help="timed repeats (median reported)")
 
-    comp = sub.add_parser("compile", help="compile an ONNX model and print its fusion report")
-    comp.add_argument("model", help="path to a .onnx file")
-    comp.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                      help="input shape for a dynamic input (repeatable)")
-    comp.add_argument("--fusion", default="autofuse", help="autofuse | nnvm | tvm | chains | none")
+    comp = sub.add_parser("compile", help="compile a model and print its fusion report")
+    tune = sub.add_parser("tune", help="tune a model's kernels, recording measurements in a database")
+    for p in (comp, tune):
+        p.add_argument("model", help="path to a .onnx file, or a built-in model name")
+        p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                       help="input shape for a dynamic input (repeatable)")
+        p.add_argument("--fusion", default="autofuse", help="autofuse | nnvm | tvm | chains | none")
+    comp.add_argument("--db", help="tuning database (JSON Lines) whose best schedules to use")
     comp.add_argument("--report", action="store_true", help="print the per-kernel report")
     comp.add_argument("--decisions", action="store_true", help="print the fusion decision log")
     comp.add_argument("--benchmark", action="store_true", help="time the compiled model on random inputs")
     comp.add_argument("-o", "--output", help="export the compiled library to this .so path")
+    tune.add_argument("--trials", type=int, default=64, help="measurements in all, over every kernel")
+    tune.add_argument("--db", required=True, help="tuning database (JSON Lines); a rerun continues it")
+    tune.add_argument("--batch", type=int, default=8, help="candidates measured between model updates")
+    tune.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on the servers of an RPC tracker")
 
     args = parser.parse_args(argv)
     from tvm_ext.errors import CompileError
     try:
-        return _demo(args) if args.command == "demo" else _compile(args)
+        return {"demo": _demo, "compile": _compile, "tune": _tune}[args.command](args)
     except CompileError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -73,20 +83,35 @@ def _demo(args) -> int:
     return 0 if ok else 1
 
 
-def _compile(args) -> int:
-    import tvm_ext
+def _model_of(args):
+    """(model, shape_dict) for compile / tune: a built-in model's module, or the ONNX path."""
+    from tvm_ext.models import BUILTIN_MODELS
 
     shape_dict = {}
     for item in args.shape:
         name, _, dims = item.partition("=")
         if not dims:
-            print(f"error: --shape expects NAME=D0,D1,..., got {item!r}", file=sys.stderr)
-            return 2
+            raise SystemExit(f"error: --shape expects NAME=D0,D1,..., got {item!r}")
         shape_dict[name] = [int(d) for d in dims.split(",")]
+    if args.model in BUILTIN_MODELS:
+        return BUILTIN_MODELS[args.model]().mod, None
+    if not args.model.endswith(".onnx"):
+        raise SystemExit(f"error: {args.model!r} is neither a .onnx file nor a built-in model "
+                         f"({', '.join(sorted(BUILTIN_MODELS))})")
+    return args.model, shape_dict or None
+
+
+def _compile(args) -> int:
+    import tvm_ext
+
+    model, shape_dict = _model_of(args)
     t0 = time.perf_counter()
-    compiled = tvm_ext.compile(args.model, shape_dict=shape_dict or None, fusion=args.fusion)
+    compiled = tvm_ext.compile(model, shape_dict=shape_dict, fusion=args.fusion, tuning_db=args.db)
     report = compiled.report()
     print(f"compiled {args.model} in {time.perf_counter() - t0:.1f} s: {report.num_kernels} kernels")
+    if args.db:
+        tuned = sum("[tuned]" in k.schedule for k in report.kernels)
+        print(f"tuned schedules from {args.db}: {tuned} of {report.num_kernels} kernels")
     print("inputs: " + "; ".join(str(s) for s in compiled.inputs))
     if args.report:
         print(report)
@@ -97,4 +122,22 @@ def _compile(args) -> int:
     if args.output:
         compiled.export(args.output)
         print(f"exported to {args.output} (+ {args.output}.json)")
+    return 0
+
+
+def _tune(args) -> int:
+    import tvm_ext
+    from schedules.tuner import TuneOptions
+
+    model, shape_dict = _model_of(args)
+    runner = None
+    if args.rpc:
+        from schedules.measure import RPCRunner
+        host, port, key = args.rpc.rsplit(":", 2)
+        runner = RPCRunner(host, int(port), key)
+    options = TuneOptions(trials=args.trials, batch=args.batch)
+    summary = tvm_ext.tune(model, shape_dict=shape_dict, fusion=args.fusion, db=args.db, options=options,
+                           runner=runner)
+    print(summary.table())
+    print(f"records in {args.db}; compile with: python -m tvm_ext compile {args.model} --db {args.db}")
     return 0

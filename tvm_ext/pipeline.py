@@ -18,6 +18,7 @@ from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS
 from schedules import Machine, ScheduleKernels
+from schedules.history import ApplyHistoryBest
 from tvm_ext.compiled_model import CompiledModel, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
@@ -50,7 +51,9 @@ class Pipeline:
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
     registry: OpRegistry = OPS  # the ops our lowering knows
     exact_math: bool = False  # libm exp/sigmoid instead of the vectorizable float32 forms
+    tuning_db: Any = None  # a tuning database (path or TuningDatabase): its best schedules win
     timings: dict[str, float] = field(default_factory=dict)
+    scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
 
     def __post_init__(self):
         if not callable(self.fusion) and self.fusion not in FUSION_CHOICES:
@@ -75,7 +78,7 @@ class Pipeline:
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.RewriteDataflowReshape()]
         if self.schedule:
-            seq.append(ScheduleKernels(Machine.for_target(self.target)))
+            seq.append(self._schedule_pass())
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         return lowered, _report(lowered, groups, fuse)
@@ -85,11 +88,16 @@ class Pipeline:
         seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
                relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()]
         if self.schedule:
-            seq.append(ScheduleKernels(Machine.for_target(self.target), all_kernels=True))
+            seq.append(self._schedule_pass(all_kernels=True))
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         kernels, views = kernels_of(lowered)
         return lowered, FusionReport(kernels, views)
+
+    def _schedule_pass(self, all_kernels: bool = False) -> ScheduleKernels:
+        history = ApplyHistoryBest(self.tuning_db, self.target) if self.tuning_db is not None else None
+        self.scheduler = ScheduleKernels(Machine.for_target(self.target), all_kernels=all_kernels, history=history)
+        return self.scheduler
 
     def build(self, lowered: tvm.IRModule, source: tvm.IRModule, report: FusionReport) -> CompiledModel:
         try:
@@ -124,7 +132,7 @@ class Pipeline:
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
             fusion: Any = "autofuse", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
-            registry: OpRegistry = OPS, exact_math: bool = False) -> CompiledModel:
+            registry: OpRegistry = OPS, exact_math: bool = False, tuning_db: Any = None) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``),
@@ -134,10 +142,12 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
     kernel per op, views included) or a partitioner (``relay_passes.FusePartition(...)``).
     ``exact_math=True`` keeps libm's exp and sigmoid (scalar calls) instead of the
-    vectorizable float32 forms of ``tvm_ext.fast_math``.
+    vectorizable float32 forms of ``tvm_ext.fast_math``. ``tuning_db`` (a path or a
+    ``schedules.TuningDatabase``, filled by ``tvm_ext.tune``) gives every kernel it has records
+    for its best measured schedule; the others keep the heuristic's.
     """
     pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry,
-                        exact_math=exact_math)
+                        exact_math=exact_math, tuning_db=tuning_db)
     return pipeline.run(model, example_inputs, shape_dict)
 
 

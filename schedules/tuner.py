@@ -1,0 +1,291 @@
+"""The autotuner: for every task, measure few candidates, chosen by the cost model.
+
+Each task first measures its heuristic candidate (the untuned choice: the baseline every
+figure is compared with). The rest of the trial budget goes to tasks in proportion to the
+time they take in the model (weight x heuristic time). A task then runs in batches: the
+cost model ranks a pool of not-yet-measured candidates, the batch takes the top ones plus
+a few random ones (exploration), the batch is measured, recorded in the database, and the
+model retrains. Everything measured goes to the database as it is measured, so a killed
+run loses at most one batch and a rerun skips what is already there.
+"""
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
+from schedules.database import TuningDatabase, TuningRecord
+from schedules.features import candidate_features
+from schedules.search_space import (Candidate, apply_candidate, candidate_key, enumerate_space,
+                                    heuristic_candidate, sample_space, space_bound)
+from schedules.tasks import Task
+
+
+class Measurer(Protocol):
+    """Times candidates of one task: (median-able times in ms, error or None) per result."""
+
+    def __call__(self, task: Task, results: list) -> list[tuple[list[float], str | None]]: ...
+
+
+@dataclass
+class TuneOptions:
+    trials: int = 64  # total over all tasks, heuristic candidates included
+    batch: int = 8
+    explore: float = 0.25  # share of each batch picked at random
+    pool: int = 32  # in a space too large to enumerate: candidates drawn per batch for the model to rank
+    space_limit: int = 512  # a space up to this size is enumerated
+    seed: int = 0
+    verify: bool = True  # re-measure the heuristic and the best side by side at the end
+
+
+@dataclass
+class TaskOutcome:
+    task: Task
+    trials: int = 0  # measured in this run
+    heuristic_ms: float = math.inf
+    best_ms: float = math.inf
+    best: Candidate | None = None
+    failures: int = 0
+
+    @property
+    def speedup(self) -> float:
+        return self.heuristic_ms / self.best_ms if math.isfinite(self.best_ms) else float("nan")
+
+
+@dataclass
+class TuneSummary:
+    outcomes: list[TaskOutcome]
+    seconds: float
+    quality: dict = field(default_factory=dict)
+
+    def table(self) -> str:
+        rows = [f"{'task':44s} {'calls':>5s} {'trials':>6s} {'heuristic ms':>12s} {'best ms':>9s} {'speed-up':>8s}"]
+        for o in self.outcomes:
+            rows.append(f"{o.task.name[:44]:44s} {o.task.weight:5d} {o.trials:6d} {o.heuristic_ms:12.4f} "
+                        f"{o.best_ms:9.4f} {o.speedup:7.2f}x")
+        before = sum(o.task.weight * o.heuristic_ms for o in self.outcomes if math.isfinite(o.heuristic_ms))
+        after = sum(o.task.weight * min(o.best_ms, o.heuristic_ms) for o in self.outcomes
+                    if math.isfinite(o.heuristic_ms))
+        rows.append(f"kernel time, weighted by calls: {before:.4f} ms untuned -> {after:.4f} ms tuned "
+                    f"({before / after if after else float('nan'):.2f}x), {self.seconds:.0f} s")
+        if self.quality:
+            q = self.quality
+            rows.append(f"cost model on held-out measured candidates ({q['tasks']} tasks, {q['pairs']} pairs): "
+                        f"pairwise ranking accuracy {q['pairwise_accuracy']:.3f}; measuring only its top-{q['k']} "
+                        f"finds {q['top_k_quality']:.1%} of the best")
+        return "\n".join(rows)
+
+
+class Tuner:
+    """Tune ``tasks`` with ``measure``, recording every measurement in ``db``."""
+
+    def __init__(self, tasks: list[Task], db: TuningDatabase, measure: Measurer,
+                 options: TuneOptions | None = None, model: CostModel | None = None,
+                 progress: Callable[[str], None] | None = None):
+        self.tasks = tasks
+        self.db = db
+        self.measure = measure
+        self.options = options or TuneOptions()
+        self.model = model or CostModel(seed=self.options.seed)
+        self.progress = progress or ProgressLine()
+        self.rng = random.Random(self.options.seed)
+        self._features: dict[tuple[str, str], np.ndarray] = {}
+        self._spent = 0
+
+    # ------------------------------------------------------------------ the run
+    def tune(self) -> TuneSummary:
+        t0 = time.perf_counter()
+        outcomes = [TaskOutcome(t) for t in self.tasks]
+        self._warm_start()
+        heuristics = {}
+        for o in outcomes:  # the baseline first: every task's heuristic candidate
+            heur = heuristics[o.task.key] = heuristic_candidate(o.task.func, o.task.machine, o.task.fuse_epilogue)
+            if candidate_key(heur) not in self._measured(o.task):
+                self._measure(o, [(heur, apply_candidate(o.task.func, o.task.machine, heur, o.task.name))])
+            o.heuristic_ms = self._known_ms(o.task, heur)
+        budgets = self._budgets(outcomes)
+        for i, (o, budget) in enumerate(zip(outcomes, budgets)):
+            self._tune_task(o, budget, f"task {i + 1}/{len(outcomes)}")
+        for o in outcomes:  # a rerun's best may come from the database
+            best = self._best_known(o.task)
+            if best is not None and best[1] < o.best_ms:
+                o.best, o.best_ms = best
+        if self.options.verify:
+            self._verify(outcomes, heuristics)
+        quality = self.quality()
+        self.progress("")
+        return TuneSummary(outcomes, time.perf_counter() - t0, quality)
+
+    def _verify(self, outcomes: list[TaskOutcome], heuristics: dict) -> None:
+        """Measure each task's heuristic and best candidates again, side by side: the best of
+        many noisy measurements is biased low, a second measurement of both is not."""
+        for o in outcomes:
+            if o.best is None or candidate_key(o.best) == candidate_key(heuristics[o.task.key]):
+                o.best_ms = o.heuristic_ms = min(o.heuristic_ms, o.best_ms)
+                continue
+            pair = [heuristics[o.task.key], o.best]
+            results = [apply_candidate(o.task.func, o.task.machine, c, o.task.name) for c in pair]
+            (h_times, h_err), (b_times, b_err) = self.measure(o.task, results)
+            if h_err is None and b_err is None:
+                o.heuristic_ms, o.best_ms = float(np.median(h_times)), float(np.median(b_times))
+                if o.best_ms > o.heuristic_ms:  # the tuned choice did not hold up: keep the heuristic's
+                    o.best, o.best_ms = heuristics[o.task.key], o.heuristic_ms
+
+    def _budgets(self, outcomes: list[TaskOutcome]) -> list[int]:
+        """The trials left after the baselines, shared by weight x heuristic time."""
+        left = max(0, self.options.trials - self._spent)
+        cost = [o.task.weight * (o.heuristic_ms if math.isfinite(o.heuristic_ms) else 1.0) for o in outcomes]
+        total = sum(cost) or 1.0
+        shares = [int(left * c / total) for c in cost]
+        for i in sorted(range(len(cost)), key=lambda i: -cost[i])[:left - sum(shares)]:
+            shares[i] += 1
+        return shares
+
+    def _tune_task(self, o: TaskOutcome, budget: int, label: str) -> None:
+        task, opts = o.task, self.options
+        exhaustive = space_bound(task.func, task.machine) <= opts.space_limit
+        space = dict(self._entries(enumerate_space(task.func, task.machine, opts.space_limit))) if exhaustive else {}
+        measured = self._measured(task)
+        spent, round_ = 0, 0
+        while spent < budget:
+            if not exhaustive:  # a large space: draw a fresh pool each batch
+                round_ += 1
+                for key, entry in self._entries(sample_space(task.func, task.machine, opts.pool,
+                                                             seed=opts.seed * 7919 + round_)):
+                    space.setdefault(key, entry)
+            todo = [k for k in space if k not in measured]
+            if not todo:
+                break
+            batch = self._propose(task, space, todo, min(opts.batch, budget - spent))
+            measured.update(batch)
+            spent += self._measure(o, [space[k] for k in batch])
+            self.model.update(self._samples(task, batch))
+            self.progress(f"[{label} {task.name[:36]}] {spent}/{budget} trials | total {self._spent}/"
+                          f"{opts.trials} | best {o.best_ms:.4f} ms ({o.speedup:.2f}x over untuned)")
+
+    @staticmethod
+    def _entries(pairs: list) -> list[tuple[str, tuple]]:
+        return [(candidate_key(c), (c, r)) for c, r in pairs]
+
+    def _propose(self, task: Task, space: dict, todo: list[str], n: int) -> list[str]:
+        """The model's top ``n - explore`` unmeasured candidates, plus random ones."""
+        explore = max(1, round(n * self.options.explore)) if self.model.trained else n
+        chosen: list[str] = []
+        if explore < n:
+            feats = np.stack([self._features_of(task, k, space[k][1]) for k in todo])
+            scores = self.model.predict(feats)
+            chosen = [todo[i] for i in np.argsort(-scores, kind="stable")[:n - explore]]
+        rest = [k for k in todo if k not in set(chosen)]
+        return chosen + self.rng.sample(rest, min(len(rest), n - len(chosen)))
+
+    # ------------------------------------------------------------------ measuring and recording
+    def _measure(self, o: TaskOutcome, entries: list[tuple[Candidate, object]]) -> int:
+        """Measure (candidate, ScheduleResult) pairs, record them, update the task's best."""
+        task = o.task
+        measured = self.measure(task, [r for _, r in entries]) if entries else []
+        for (c, r), (times, error) in zip(entries, measured):
+            self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
+            ms = float(np.median(times)) if times and error is None else math.inf
+            if error is not None:
+                o.failures += 1
+            if ms < o.best_ms:
+                o.best_ms, o.best = ms, c
+        o.trials += len(entries)
+        self._spent += len(entries)
+        return len(entries)
+
+    def _record(self, task: Task, c: Candidate, times: list[float], error: str | None,
+                feats: np.ndarray | None = None) -> None:
+        self.db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c}, times_ms=[float(t) for t in times],
+                                    error=error, features=None if feats is None else [float(x) for x in feats],
+                                    kernel=task.name))
+
+    def _measured(self, task: Task) -> set[str]:
+        return {candidate_key(r.candidate["steps"]) for r in self.db.records(task.key, task.target)}
+
+    def _known_ms(self, task: Task, c: Candidate) -> float:
+        key = candidate_key(c)
+        times = [r.median_ms for r in self.db.records(task.key, task.target)
+                 if candidate_key(r.candidate["steps"]) == key]
+        return min(times, default=math.inf)
+
+    def _best_known(self, task: Task) -> tuple[Candidate, float] | None:
+        best = self.db.best(task.key, task.target)
+        return None if best is None else (best.candidate["steps"], best.median_ms)
+
+    # ------------------------------------------------------------------ the model's data
+    def _features_of(self, task: Task, key: str, result) -> np.ndarray:
+        if (task.key, key) not in self._features:
+            self._features[(task.key, key)] = candidate_features(result, task.machine)
+        return self._features[(task.key, key)]
+
+    def _samples(self, task: Task, batch: list) -> list[Sample]:
+        out = []
+        for r in self.db.records(task.key, task.target)[-len(batch):]:
+            if r.features is not None:
+                out.append(Sample(task.key, np.asarray(r.features, dtype="float32"), r.median_ms))
+        return out
+
+    def _warm_start(self) -> None:
+        """Train on every record in the database that carries features (other tasks, other runs)."""
+        samples = [Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms)
+                   for r in self.db.records() if r.features is not None]
+        if samples:
+            self.model.update(samples)
+
+    # ------------------------------------------------------------------ honesty
+    def quality(self, k: int = 3, seed: int = 0) -> dict:
+        """The model's accuracy on held-out measured candidates: for each task with enough
+        successful records, train on every other task plus half of this one, score the other half."""
+        records = [r for r in self.db.records() if r.features is not None]
+        by_task: dict[str, list[TuningRecord]] = {}
+        for r in records:
+            by_task.setdefault(r.task, []).append(r)
+        rng = random.Random(seed)
+        accs, tops, pairs = [], [], 0
+        for key, rs in by_task.items():
+            ok = [r for r in rs if math.isfinite(r.median_ms)]
+            if len(ok) < 2 * k + 2:
+                continue
+            rng.shuffle(ok)
+            held, train_own = ok[:len(ok) // 2], ok[len(ok) // 2:]
+            train = [r for t, other in by_task.items() if t != key for r in other] + train_own
+            model = CostModel(seed=seed)
+            model.fit([Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms) for r in train])
+            if not model.trained:
+                continue
+            scores = model.predict(np.stack([np.asarray(r.features, dtype="float32") for r in held]))
+            times = np.array([r.median_ms for r in held])
+            acc = pairwise_accuracy(scores, times)
+            if not math.isnan(acc):
+                accs.append(acc)
+                tops.append(top_k_quality(scores, times, k))
+                pairs += len(held) * (len(held) - 1) // 2
+        if not accs:
+            return {}
+        return {"tasks": len(accs), "pairs": pairs, "k": k, "pairwise_accuracy": float(np.mean(accs)),
+                "top_k_quality": float(np.mean(tops))}
+
+
+class ProgressLine:
+    """One status line, rewritten in place on a terminal, one line per update otherwise."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._last = 0
+
+    def __call__(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + text.ljust(self._last) + ("\n" if not text else ""))
+            self._last = len(text)
+        elif text:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+

@@ -1,0 +1,58 @@
+"""``tune(model, ...)``: measure schedules for a model's kernels and record them.
+
+    summary = tvm_ext.tune(model, trials=200, db="tuning.jsonl")
+    print(summary.table())
+    compiled = tvm_ext.compile(model, tuning_db="tuning.jsonl")   # no measurement
+
+The model goes through the same import and fusion as ``compile``; its kernels become the
+tasks (``schedules.tasks``), which ``schedules.tuner.Tuner`` tunes with the XGBoost cost
+model, measuring with a local or RPC runner (``schedules.measure``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from schedules.database import TuningDatabase
+from schedules.measure import LocalBuilder, LocalRunner, MeasureInput, Runner, measure
+from schedules.tasks import Task, extract_tasks
+from schedules.tuner import TuneOptions, Tuner, TuneSummary
+from tvm_ext.frontends import import_model
+from tvm_ext.pipeline import Pipeline
+
+
+class KernelMeasurer:
+    """Builds candidates in parallel processes and times them with ``runner``."""
+
+    def __init__(self, builder: LocalBuilder | None = None, runner: Runner | None = None):
+        self.builder = builder or LocalBuilder()
+        self.runner = runner or LocalRunner()
+
+    def __call__(self, task: Task, results: list) -> list[tuple[list[float], str | None]]:
+        inputs = [MeasureInput(f"{task.name}#{i}", r.func, task.target) for i, r in enumerate(results)]
+        return [(m.times_ms, m.error) for m in measure(inputs, self.builder, self.runner)]
+
+
+def tasks_of(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
+             fusion: Any = "autofuse", shape_dict: dict | None = None) -> list[Task]:
+    """The tuning tasks of a model, as ``compile`` with the same arguments would build them."""
+    pipeline = Pipeline(target=target, fusion=fusion, schedule=False)
+    lowered, _ = pipeline.lower(pipeline.prepare(import_model(model, example_inputs, shape_dict)))
+    return extract_tasks(lowered, pipeline.target, all_kernels=fusion == "tvm")
+
+
+def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | os.PathLike | TuningDatabase,
+         trials: int = 64, target: Any = None, fusion: Any = "autofuse", shape_dict: dict | None = None,
+         options: TuneOptions | None = None, runner: Runner | None = None, builder: LocalBuilder | None = None,
+         progress: Callable[[str], None] | None = None) -> TuneSummary:
+    """Tune every kernel of ``model`` with ``trials`` measurements in all, recording them in ``db``.
+
+    A rerun with the same database continues: candidates already measured are not measured
+    again. ``runner`` defaults to this machine (``schedules.measure.LocalRunner``); pass an
+    ``RPCRunner`` to measure on the machines of an RPC tracker.
+    """
+    database = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
+    options = options or TuneOptions(trials=trials)
+    tasks = tasks_of(model, example_inputs, target=target, fusion=fusion, shape_dict=shape_dict)
+    tuner = Tuner(tasks, database, KernelMeasurer(builder, runner), options, progress=progress)
+    return tuner.tune()
