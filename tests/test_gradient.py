@@ -2,8 +2,6 @@
 registered op gradient against central finite differences (float64) and TVM's own Gradient."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import tvm
@@ -130,22 +128,26 @@ def test_unreached_parameter_gets_zeros(rng):
 
 
 def test_missing_gradient_names_node_op_and_fix():
-    mod = scalar_module(lambda x: op.nn.gelu(x), [(2, 3)], ["x"])
+    mod = scalar_module(lambda x: op.nn.gelu_tanh(x), [(2, 3)], ["x"])
     with pytest.raises(UnsupportedOpError) as err:
         Gradient()(mod)
     msg = str(err.value)
-    assert "relax.nn.gelu" in msg and "node 'lv'" in msg and "gradient=" in msg and "tvm_ext/ops" in msg
+    assert "relax.nn.gelu_tanh" in msg and "node 'lv'" in msg and "gradient=" in msg and "tvm_ext/ops" in msg
+    unknown = scalar_module(lambda x: op.cumsum(x, axis=1), [(2, 3)], ["x"])  # not in the registry at all
+    with pytest.raises(UnsupportedOpError, match="relax.cumsum, which has no gradient .tvm_ext has no entry"):
+        Gradient()(unknown)
 
 
 def test_op_off_the_wrt_path_needs_no_gradient(rng):
-    # gelu only touches z; differentiating x alone must not need gelu's gradient
-    mod = scalar_module(lambda x, z: op.multiply(x, op.nn.gelu(z)), [(3,), (3,)], ["x", "z"])
+    # cumsum (no rule) only touches z; differentiating x alone must not need its gradient
+    mod = scalar_module(lambda x, z: op.multiply(x, op.cumsum(z, axis=0)), [(3,), (3,)], ["x", "z"])
     compiled = tvm_ext.compile(Gradient(wrt=["x"], adjoint_name="main")(mod))
     x, z = rng.standard_normal(3), rng.standard_normal(3)
     _, dx = compiled(x, z)
     r = np.random.default_rng(1).standard_normal(3)
-    gelu = z * 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
-    np.testing.assert_allclose(dx, r * gelu, rtol=1e-10)  # d/dx sum(R * x * gelu(z)) = R * gelu(z)
+    np.testing.assert_allclose(dx, r * np.cumsum(z), rtol=1e-10)  # d/dx sum(R * x * cumsum(z))
+    with pytest.raises(UnsupportedOpError, match="relax.cumsum"):
+        Gradient(wrt=["z"])(mod)
 
 
 def test_bad_targets_and_wrt_are_reported():
@@ -194,6 +196,8 @@ CASES = {
     "square": (op.square, [(2, 3)], False, False),
     "relu": (op.nn.relu, [(2, 3)], False, True),
     "silu": (op.nn.silu, [(2, 3)], False, True),
+    "gelu": (op.nn.gelu, [(2, 3)], False, False),
+    "erf": (op.erf, [(2, 3)], False, False),
     "matmul": (lambda a, b: op.matmul(a, b), [(3, 4), (4, 2)], False, True),
     "matmul_batched_broadcast": (lambda a, b: op.matmul(a, b), [(2, 1, 3, 4), (3, 4, 2)], False, True),
     "matmul_vector_left": (lambda a, b: op.matmul(a, b), [(4,), (2, 4, 3)], False, False),

@@ -100,6 +100,8 @@ UNARY_GRADIENTS: dict[str, GradientRule] = {
     "abs": lambda call, y, g, bb: [g * _op.sign(call.args[0])],
     "sin": lambda call, y, g, bb: [g * _op.cos(call.args[0])],
     "cos": lambda call, y, g, bb: [_op.negative(g * _op.sin(call.args[0]))],
+    "erf": lambda call, y, g, bb: [g * const(2.0 / math.sqrt(math.pi), g)
+                                   * _op.exp(_op.negative(call.args[0] * call.args[0]))],
 }
 
 
@@ -134,8 +136,16 @@ def _grad_silu(call, y, g, bb):
 
 
 unary("relax.nn.silu", lambda x: x * L.sigmoid(x), float_only=True, doc="x * sigmoid(x).", gradient=_grad_silu)
+def _grad_gelu(call, y, g, bb):
+    """Phi(x) + x * phi(x)."""
+    x = call.args[0]
+    cdf = const(0.5, g) * (const(1.0, g) + _op.erf(x * const(1.0 / math.sqrt(2.0), g)))
+    pdf = _op.exp(x * x * const(-0.5, g)) * const(1.0 / math.sqrt(2.0 * math.pi), g)
+    return [g * (cdf + x * pdf)]
+
+
 unary("relax.nn.gelu", lambda x: x * 0.5 * (1.0 + L.erf(x * (1.0 / math.sqrt(2.0)))),
-      float_only=True, doc="x * Phi(x), exact (erf) form.")
+      float_only=True, doc="x * Phi(x), exact (erf) form.", gradient=_grad_gelu)
 unary("relax.nn.gelu_tanh",
       lambda x: x * 0.5 * (1.0 + L.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x)))),
       float_only=True, doc="GELU, tanh approximation.")
