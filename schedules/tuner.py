@@ -22,8 +22,15 @@ import numpy as np
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
 from schedules.database import TuningDatabase, TuningRecord
 from schedules.features import candidate_features
-from schedules.search_space import (Candidate, apply_candidate, candidate_key, enumerate_space,
-                                    heuristic_candidate, sample_space, space_bound)
+from schedules.search_space import (
+    Candidate,
+    apply_candidate,
+    candidate_key,
+    enumerate_space,
+    heuristic_candidate,
+    sample_space,
+    space_bound,
+)
 from schedules.tasks import Task
 
 

@@ -11,16 +11,27 @@ import math
 
 import numpy as np
 import pytest
-import tvm
 import tvm_ffi
 from tvm import relax
 
 import tvm_ext
-from schedules.cost_model import CostModel, Sample, pairwise_accuracy, relevance, top_k_quality
+from schedules.cost_model import (
+    CostModel,
+    Sample,
+    pairwise_accuracy,
+    relevance,
+    top_k_quality,
+)
 from schedules.database import TuningDatabase
 from schedules.features import NAMES, candidate_features
-from schedules.search_space import (apply_candidate, candidate_key, enumerate_space, heuristic_candidate,
-                                    sample_space, space_bound)
+from schedules.search_space import (
+    apply_candidate,
+    candidate_key,
+    enumerate_space,
+    heuristic_candidate,
+    sample_space,
+    space_bound,
+)
 from schedules.tasks import extract_tasks, kernel_key
 from schedules.tuner import TuneOptions, Tuner
 from tvm_ext.pipeline import Pipeline
