@@ -231,6 +231,10 @@ CASES = {
     # TVM's conv2d rule ignores dilation in its output padding and fails here
     "conv2d_strided_dilated": (lambda x, w: op.nn.conv2d(x, w, strides=2, padding=(1, 0, 2, 1), dilation=2),
                                [(1, 2, 7, 6), (3, 2, 2, 3)], False, False),
+    "conv2d_grouped": (lambda x, w: op.nn.conv2d(x, w, padding=1, groups=2), [(2, 4, 5, 5), (6, 2, 3, 3)],
+                       False, True),
+    "conv2d_depthwise_strided": (lambda x, w: op.nn.conv2d(x, w, strides=2, padding=1, groups=3),
+                                 [(1, 3, 6, 6), (3, 1, 3, 3)], False, False),
     "conv2d_strided": (lambda x, w: op.nn.conv2d(x, w, strides=2, padding=1), [(1, 2, 6, 6), (3, 2, 3, 3)],
                        False, True),
     "layer_norm": (lambda x, g, b: op.nn.layer_norm(x, g, b, axes=[-1]), [(3, 5), (5,), (5,)], False, False),

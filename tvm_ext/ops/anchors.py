@@ -98,28 +98,38 @@ def _unsqueeze(idx, keep, ndim):
 
 def _grad_conv2d(call, y, g, bb):
     """Data: conv2d_transpose of g with the weight. Weight: a convolution of the input (channels
-    as batch) with g (batch as channels), strides and dilation swapped, cropped to the kernel."""
+    as batch) with g (batch as channels), strides and dilation swapped, cropped to the kernel;
+    with groups, one such convolution per group, concatenated."""
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if layouts != ("NCHW", "OIHW", "NCHW") or int(attrs.groups) != 1:
-        raise UnsupportedOpError(f"gradient of conv2d '{y.name}': only NCHW/OIHW layouts and groups=1 "
-                                 f"are supported (got layouts {layouts}, groups {int(attrs.groups)})")
+    if layouts != ("NCHW", "OIHW", "NCHW"):
+        raise UnsupportedOpError(f"gradient of conv2d '{y.name}': only NCHW/OIHW layouts are supported "
+                                 f"(got {layouts}); convert the layout first")
     x, w = call.args
-    _, _, in_h, in_w = shape_of(x)
-    _, _, kh, kw = shape_of(w)
+    groups = int(attrs.groups)
+    _, c, in_h, in_w = shape_of(x)
+    o, _, kh, kw = shape_of(w)
     _, _, gh, gw = shape_of(g)
     strides = [int(s) for s in attrs.strides]
     dilation = [int(d) for d in attrs.dilation]
-    pt, pl, pb, pr = (int(p) for p in attrs.padding)
+    padding = [int(p) for p in attrs.padding]
+    pt, pl, pb, pr = padding
     covered_h = (gh - 1) * strides[0] - pt - pb + (kh - 1) * dilation[0] + 1
     covered_w = (gw - 1) * strides[1] - pl - pr + (kw - 1) * dilation[1] + 1
-    dx = relax.op.nn.conv2d_transpose(g, w, strides, [pt, pl, pb, pr], [in_h - covered_h, in_w - covered_w],
-                                      dilation, 1, "NCHW", "IOHW")
-    xt = relax.op.permute_dims(x, [1, 0, 2, 3])
-    gt = relax.op.permute_dims(g, [1, 0, 2, 3])
-    dwt = bb.normalize(relax.op.nn.conv2d(xt, gt, strides=dilation, padding=[pt, pl, pb, pr], dilation=strides))
-    if shape_of(dwt)[2:] != (kh, kw):
-        dwt = relax.op.strided_slice(dwt, [2, 3], [0, 0], [kh, kw])
+    dx = relax.op.nn.conv2d_transpose(g, w, strides, padding, [in_h - covered_h, in_w - covered_w],
+                                      dilation, groups, "NCHW", "IOHW")
+    xt = relax.op.permute_dims(x, [1, 0, 2, 3])  # (C, N, H, W): channels as the batch
+    gt = relax.op.permute_dims(g, [1, 0, 2, 3])  # (O, N, GH, GW): a kernel with N input channels
+    cg, og = c // groups, o // groups
+    parts = []
+    for gi in range(groups):
+        xs = xt if groups == 1 else relax.op.strided_slice(xt, [0], [gi * cg], [(gi + 1) * cg])
+        gs = gt if groups == 1 else relax.op.strided_slice(gt, [0], [gi * og], [(gi + 1) * og])
+        part = bb.normalize(relax.op.nn.conv2d(xs, gs, strides=dilation, padding=padding, dilation=strides))
+        if shape_of(part)[2:] != (kh, kw):
+            part = relax.op.strided_slice(part, [2, 3], [0, 0], [kh, kw])
+        parts.append(part)
+    dwt = parts[0] if groups == 1 else relax.op.concat(parts, axis=1)  # (C/groups, O, KH, KW)
     return [dx, relax.op.permute_dims(dwt, [1, 0, 2, 3])]
 
 
