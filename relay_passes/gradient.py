@@ -111,7 +111,7 @@ def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[re
                          "it must be a scalar (reduce it with sum or mean)")
     live = _reachable(bindings, wrt)
     adj = _Adjoints(bb)
-    if any(target.same_as(v) for v in live):
+    if target in live:
         adj.add(target, relax.const(1.0, str(target.ty.dtype)))
     for b in reversed(bindings):
         y = b.var
