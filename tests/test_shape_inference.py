@@ -120,6 +120,9 @@ def test_dtype_conflicts_name_node_op_and_both_dtypes():
             net.to_relax({"a": (4,), "b": (4,)}, dtypes=dtypes)
         msg = str(err.value)
         assert "node 'plus' (add)" in msg and "float32" in msg and "int32" in msg and "astype" in msg
+    with pytest.raises(DtypeError, match=r"node 'half' \(add\).*scalar 0.5 would be truncated on a int32"):
+        sym.add(sym.Variable("i", dtype="int32"), 0.5, name="half").infer_shape(i=(3,))
+    assert (sym.Variable("i", dtype="int32") + 2).infer_type() == (["int32"], ["int32"], [])
     with pytest.raises(DtypeError, match=r"node 'fc' \(dense\): input 'fc_weight' \(weight\) has dtype int32, "
                                          r"but its data's dtype float32"):
         sym.dense(sym.Variable("x"), num_hidden=2, name="fc").infer_type(x="float32", fc_weight="int32")

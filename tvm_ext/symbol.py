@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import tvm
 from tvm import relax
 
-from tvm_ext.errors import InputError
+from tvm_ext.errors import DtypeError, InputError
 from tvm_ext.registry import OPS, OpDef, SymbolOp
 
 JSON_VERSION = 1
@@ -456,6 +456,9 @@ def _generic_emit(fn: Callable, tensor_params: frozenset, inputs: list[relax.Exp
     kwargs = {}
     for key, value in attrs.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key in tensor_params:
+            if isinstance(value, float) and not value.is_integer() and not dtype.startswith(("float", "bfloat")):
+                raise DtypeError(f"the scalar {value} would be truncated on a {dtype} tensor; "
+                                 f"cast the tensor first (sym.astype(x, dtype='float32'))")
             value = relax.const(value, dtype)
         kwargs[key] = value
     free = iter(p for p in params if p not in attrs)
