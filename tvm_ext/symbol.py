@@ -477,12 +477,14 @@ def _relax_function(opdef: OpDef) -> Callable | None:
 
 
 def _build_table() -> tuple[dict[str, OpInfo], dict[str, str]]:
+    """Symbol op name -> entry: each registry op under its short name, each SymbolOp under its
+    name (a SymbolOp wins over a generic entry of the same name)."""
     table: dict[str, OpInfo] = {}
     aliases: dict[str, str] = {}
     for opdef in OPS:
         fn = _relax_function(opdef)
         short = opdef.name.split(".")[-1]
-        if fn is not None and (opdef.symbol is None or opdef.symbol.name != short):
+        if fn is not None and (opdef.symbol is None or opdef.symbol.name != short) and short not in table:
             table[short] = OpInfo(short, opdef, None, fn)
         if opdef.symbol is not None:
             spec = opdef.symbol
