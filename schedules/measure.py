@@ -97,7 +97,7 @@ class LocalBuilder:
         self.workdir = Path(workdir or self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workers = workers
-        self._pool = WorkerPool(workers)
+        self.pool = WorkerPool(workers)
         self._count = 0
 
     def build(self, inputs: list[MeasureInput]) -> list[BuildResult]:
@@ -114,15 +114,16 @@ class LocalBuilder:
             args = (mod_json, target_spec(inp.target), str(path))
         except Exception as err:  # noqa: BLE001 - a malformed candidate is that candidate's error
             return BuildResult(inp.key, None, f"build: {err}", time.perf_counter() - start)
-        _, error = self._pool.call(_compile, args, self.timeout_s)
-        seconds = time.perf_counter() - start
+        prepare_s = time.perf_counter() - start
+        _, error, call_s = self.pool.call(_compile, args, self.timeout_s)
+        seconds = prepare_s + call_s
         if error is not None:
             return BuildResult(inp.key, None, f"build: {error}", seconds)
         return BuildResult(inp.key, str(path), None, seconds)
 
     def close(self) -> None:
         """Stop the worker processes and delete the built files (unless in a given workdir)."""
-        self._pool.close()
+        self.pool.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -234,7 +235,7 @@ class LocalRunner(Runner):
                  min_repeat_ms: int = 1, num_threads: int | None = None):
         self.timeout_s = timeout_s
         self.timing = Timing(number, repeat, warmup, min_repeat_ms)
-        self._pool = WorkerPool(1, num_threads)
+        self.pool = WorkerPool(1, num_threads)
 
     def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
         return [self._run_one(inp, build) for inp, build in zip(inputs, builds, strict=True)]
@@ -243,16 +244,14 @@ class LocalRunner(Runner):
         failed = _unbuilt(inp, build)
         if failed is not None:
             return failed
-        start = time.perf_counter()
-        times, error = self._pool.call(_time_local, (build.artifact, arg_specs(inp.func), self.timing),
-                                         self.timeout_s)
-        run_s = time.perf_counter() - start
+        times, error, run_s = self.pool.call(_time_local, (build.artifact, arg_specs(inp.func), self.timing),
+                                             self.timeout_s)
         if error is not None:
             return MeasureResult(inp.key, [], f"run: {error}", build.seconds, run_s, "local")
         return MeasureResult(inp.key, times, None, build.seconds, run_s, "local")
 
     def close(self) -> None:
-        self._pool.close()
+        self.pool.close()
 
 
 def _time_remote(tracker: tuple[str, int], key: str, path: str, specs: list[ArgSpec], timing: Timing,
@@ -298,14 +297,18 @@ class RPCRunner(Runner):
         self.setup_s = setup_s
         self.timing = Timing(number, repeat, warmup, min_repeat_ms)
         self.parallel = parallel or max(1, len(self.servers()))
-        self._pool = WorkerPool(self.parallel)
+        self.pool = WorkerPool(self.parallel)
 
     def servers(self) -> list[tuple[str, int]]:
         """Addresses of the servers now registered at the tracker under this key."""
+        return self.servers_at(*self.tracker, self.key)
+
+    @staticmethod
+    def servers_at(tracker_host: str, tracker_port: int, key: str) -> list[tuple[str, int]]:
         from tvm import rpc
 
-        summary = rpc.connect_tracker(*self.tracker).summary()
-        return [tuple(s["addr"]) for s in summary["server_info"] if s.get("key") == "server:" + self.key]
+        summary = rpc.connect_tracker(tracker_host, tracker_port).summary()
+        return [tuple(s["addr"]) for s in summary["server_info"] if s.get("key") == "server:" + key]
 
     def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
         if len(inputs) != len(builds):
@@ -318,16 +321,14 @@ class RPCRunner(Runner):
         if failed is not None:
             return failed
         args = (self.tracker, self.key, build.artifact, arg_specs(inp.func), self.timing, self.timeout_s)
-        start = time.perf_counter()
-        out, error = self._pool.call(_time_remote, args, self.timeout_s + self.setup_s)
-        run_s = time.perf_counter() - start
+        out, error, run_s = self.pool.call(_time_remote, args, self.timeout_s + self.setup_s)
         times, error, server = out if error is None else ([], error, "")
         if error is not None:
             return MeasureResult(inp.key, [], f"run: {error}", build.seconds, run_s, server)
         return MeasureResult(inp.key, times, None, build.seconds, run_s, server)
 
     def close(self) -> None:
-        self._pool.close()
+        self.pool.close()
 
 
 def rpc_server_init() -> None:
