@@ -262,8 +262,8 @@ def _time_remote(tracker: tuple[str, int], key: str, path: str, specs: list[ArgS
     session = rpc.connect_tracker(*tracker).request(key, priority=1, session_timeout=session_timeout)
     try:
         server = session.get_function(SERVER_ID_FUNC)()
-    except (tvm.error.TVMError, AttributeError, RuntimeError):
-        server = "?"  # a server started without rpc_server_init
+    except Exception:  # noqa: BLE001 - a server started without rpc_server_init lacks the function
+        server = "?"
     try:
         session.upload(path)
         mod = session.load_module(os.path.basename(path))
@@ -320,6 +320,10 @@ class RPCRunner(Runner):
         failed = _unbuilt(inp, build)
         if failed is not None:
             return failed
+        if not self.servers():  # else the request would wait for a server until the worker's timeout
+            return MeasureResult(inp.key, [], f"run: no RPC server registered at {self.tracker[0]}:{self.tracker[1]} "
+                                 f"under key {self.key!r} (a server not started with start_rpc_server stops "
+                                 "after a crashed candidate)", build.seconds, 0.0)
         args = (self.tracker, self.key, build.artifact, arg_specs(inp.func), self.timing, self.timeout_s)
         out, error, run_s = self.pool.call(_time_remote, args, self.timeout_s + self.setup_s)
         times, error, server = out if error is None else ([], error, "")
@@ -369,8 +373,6 @@ def start_rpc_server(tracker_host: str, tracker_port: int, key: str, host: str =
 
     return Server(host, port, port_end, tracker_addr=(tracker_host, tracker_port), key=key, silent=silent,
                   server_init_callback=rpc_server_init)
-
-
 
 
 def measure(inputs: list[MeasureInput], builder: LocalBuilder, runner: Runner) -> list[MeasureResult]:

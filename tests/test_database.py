@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 
+from schedules import database
 from schedules.database import VERSION, TuningDatabase, TuningRecord, candidate_key
 
 
@@ -112,9 +113,14 @@ def test_truncated_last_line_is_skipped_and_the_next_append_is_valid(tmp_path):
     assert len(caught) == 1
 
 
+# schedules/database.py needs only the standard library: loaded alone, without the package
+# (and TVM), the writer starts in a fraction of a second
 WRITER = """
-import sys
-from schedules.database import TuningDatabase, TuningRecord
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("database", sys.argv[2])
+database = sys.modules["database"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(database)
+TuningDatabase, TuningRecord = database.TuningDatabase, database.TuningRecord
 db = TuningDatabase(sys.argv[1])
 print("ready", flush=True)
 i = 0
@@ -126,7 +132,8 @@ while True:
 
 def test_a_writer_killed_with_sigkill_leaves_a_loadable_file(tmp_path):
     path = tmp_path / "db.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path)], stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path), database.__file__],
+                            stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline().strip() == b"ready"
         deadline = time.time() + 20
@@ -135,6 +142,7 @@ def test_a_writer_killed_with_sigkill_leaves_a_loadable_file(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+        proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -75,7 +75,7 @@ def builder():
 
 @pytest.fixture(scope="module")
 def runner():
-    with LocalRunner(timeout_s=TIMEOUT_S, number=2, repeat=3) as r:
+    with LocalRunner(timeout_s=TIMEOUT_S, number=2, repeat=3, num_threads=1) as r:
         yield r
 
 
@@ -146,8 +146,10 @@ def test_arguments_follow_the_parameters_and_threads_follow_tvm_num_threads(runn
     # a scalar parameter cannot get a random tensor: an error result, not an exception
     res = runner.run([MeasureInput("scalar", _with_n, TARGET)], [BuildResult("scalar", "/nonexistent.so", None, 0.1)])
     assert res[0].error.startswith("run: parameter n") and not res[0].ok
+    # the runner's worker uses the thread count it was given, whatever this process has
+    assert os.environ["TVM_NUM_THREADS"] == str(default_num_threads())
     threads, error, _ = runner.pool.call(tvm.runtime.num_threads)
-    assert error is None and threads == default_num_threads()
+    assert error is None and threads == 1
 
 
 # --------------------------------------------------------------------------- RPC on loopback
