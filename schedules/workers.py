@@ -5,7 +5,7 @@ timer answers a timeout). What this adds: a call never raises; a crash, a timeou
 exception comes back as an error string naming the signal or the time, and the dead or
 stuck process is replaced by a fresh one on the next call. A second, parent-side timeout
 catches a child whose own timer cannot answer. A ``WorkerPool`` shares a few workers
-between threads and starts them (about 4 s each, mostly ``import tvm``) in the background.
+between threads and starts them (1-3 s each, mostly ``import tvm``) in the background.
 """
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ class Worker(PopenWorker):
     """One reusable subprocess; ``call`` returns ``(value, None)`` or ``(None, error)``."""
 
     def __init__(self, num_threads: int | None = None, maximum_uses: int | None = 200,
-                 quiet: bool = True):
+                 quiet: bool = True, grace_s: float = GRACE_S):
         out = subprocess.DEVNULL if quiet else None
         super().__init__(_set_num_threads, (num_threads or default_num_threads(),), maximum_uses,
                          stdout=out, stderr=out)
+        self.grace_s = grace_s
         self._exit_code: int | None = None
 
     def _start(self):
@@ -65,19 +66,22 @@ class Worker(PopenWorker):
 
     def _child_process_error(self):
         # PopenWorker kills the process here and forgets it: keep how it ended
-        self._exit_code = self._proc.wait(timeout=1.0) if self._proc is not None else None
+        try:
+            self._exit_code = self._proc.wait(timeout=1.0) if self._proc is not None else None
+        except subprocess.TimeoutExpired:  # its pipe closed but it lives on: killed below
+            self._exit_code = None
         return super()._child_process_error()
 
     def call(self, fn: Callable, args: tuple = (), timeout_s: float | None = None) -> tuple[Any, str | None]:
         """Run ``fn(*args)`` in the subprocess within ``timeout_s`` seconds."""
         self._exit_code = None
-        self.send(fn, args, timeout=timeout_s)
-        if timeout_s is not None:
-            ready, _, _ = select.select([self._reader], [], [], timeout_s + GRACE_S)
-            if not ready:
+        if self._proc is not None and not self.is_alive():
+            self.kill()  # it died while idle: start afresh instead of blaming this call
+        try:
+            self.send(fn, args, timeout=timeout_s)  # (re)starts the process first if needed
+            if timeout_s is not None and not select.select([self._reader], [], [], timeout_s + self.grace_s)[0]:
                 self.kill()
                 return None, f"timeout after {timeout_s:g} s"
-        try:
             return self.recv(), None
         except TimeoutError:
             return None, f"timeout after {timeout_s:g} s"

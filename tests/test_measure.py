@@ -4,6 +4,7 @@ are measured."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -25,7 +26,7 @@ from schedules.measure import (
     measure,
     start_rpc_server,
 )
-from schedules.workers import default_num_threads
+from schedules.workers import Worker, default_num_threads, describe_exit, error_message
 from tvm_ext.target import host_target
 
 TARGET = host_target()
@@ -150,6 +151,25 @@ def test_arguments_follow_the_parameters_and_threads_follow_tvm_num_threads(runn
     assert os.environ["TVM_NUM_THREADS"] == str(default_num_threads())
     threads, error, _ = runner.pool.call(tvm.runtime.num_threads)
     assert error is None and threads == 1
+
+
+def test_worker_errors_name_the_signal_or_the_exception_and_a_stuck_child_is_killed():
+    assert describe_exit(-11) == "crashed (signal 11, SIGSEGV)"
+    assert describe_exit(-6) == "crashed (signal 6, SIGABRT)"
+    assert describe_exit(3) == "worker exited (code 3)"
+    trace = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\nValueError: bad\nsecond line'
+    assert error_message(trace) == "ValueError: bad | second line"
+    # the child's own timer cannot answer while the call holds the GIL: the parent kills it
+    worker = Worker(grace_s=1.0)
+    try:
+        assert worker.call(sum, ([1],)) == (1, None)  # started
+        start = time.perf_counter()
+        # catastrophic backtracking: one C call that never releases the GIL
+        assert worker.call(re.match, (r"(a+)+$", "a" * 64 + "b"), timeout_s=0.5) == (None, "timeout after 0.5 s")
+        assert 1.5 <= time.perf_counter() - start < 10 and not worker.is_alive()  # after timeout + grace
+        assert worker.call(sum, ([1, 2],), timeout_s=5) == (3, None)  # a fresh process took over
+    finally:
+        worker.close()
 
 
 # --------------------------------------------------------------------------- RPC on loopback
