@@ -64,7 +64,7 @@ class _ConstantFolder(PyExprMutator):
             data = _FOLDABLE[call.op.name](arg.value.numpy(), call)
         except (TypeError, ValueError, AttributeError):
             return call
-        return relax.const(np.ascontiguousarray(data), str(call.ty.dtype))
+        return relax.const(np.asarray(data, order="C"), str(call.ty.dtype))  # keeps 0-d as 0-d
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="FoldTupleGetItem")

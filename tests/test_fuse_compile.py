@@ -9,6 +9,7 @@ from tvm import relax, tirx
 import tvm_ext
 from conftest import build_module, compile_strict
 from relay_passes import FuseCompile, MakeGroups
+from relay_passes.simplify import FoldWeightLayout
 
 R = relax.op
 
@@ -110,3 +111,18 @@ def test_strict_mode_raises_on_a_broken_lowering():
         relaxed = FuseCompile(registry=registry)(grouped)
     assert not _prim_funcs(relaxed)  # the op was inlined back for TVM's LegalizeOps
     assert len(OPS) > len(registry)
+
+
+def test_folding_a_layout_op_of_a_scalar_constant_keeps_it_0_d():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = bb.emit(R.reshape(relax.const(np.array(3.0, "float32")), ()))
+            gv = bb.emit_output(R.add(x, R.broadcast_to(c, ())))
+        bb.emit_func_output(gv)
+    folded = FoldWeightLayout()(bb.get())
+    consts = [b.value for b in folded["main"].body.blocks[0].bindings if isinstance(b.value, tvm.ir.GenericConst)]
+    assert consts and consts[0].value.numpy().shape == ()
+    out = tvm_ext.compile(bb.get())(np.array(2.0, "float32"))
+    assert out.shape == () and float(out) == 5.0

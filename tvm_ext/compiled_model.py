@@ -91,7 +91,7 @@ class CompiledModel:
         if dtype != spec.dtype:
             raise InputError(f"input '{spec.name}' (argument {i}) must be {spec.dtype}, got {dtype}; "
                              f"convert it with .astype('{spec.dtype}')")
-        return tensor if tensor is not None else tvm.runtime.tensor(np.ascontiguousarray(array), self._device)
+        return tensor if tensor is not None else tvm.runtime.tensor(np.asarray(array, order="C"), self._device)
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs matching the signature (symbolic dims set to 1), for timing and smoke tests."""
