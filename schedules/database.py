@@ -63,6 +63,8 @@ class TuningRecord:
         return candidate_key(self.candidate)
 
     def to_json(self) -> str:
+        """One line of JSON; ValueError for a record that could not be read back (a NaN time, ...)."""
+        _check_types(self)
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @classmethod
@@ -95,7 +97,7 @@ def _check_types(r: TuningRecord) -> None:
         ("features", r.features is None or (isinstance(r.features, list) and all(number(x) for x in r.features))),
     ] if not good]
     if problems:
-        raise ValueError(f"wrong type of fields {problems}")
+        raise ValueError(f"task {r.task!r}: fields {problems} have the wrong type or a non-finite number")
 
 
 class TuningDatabase:

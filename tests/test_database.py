@@ -71,6 +71,15 @@ def test_measured_keys_let_a_rerun_skip_what_is_done(tmp_path):
     assert resumed.measured_keys("t1", "llvm") == set()
 
 
+def test_a_record_that_could_not_be_read_back_is_not_written(tmp_path):
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    with pytest.raises(ValueError, match=r"task 't0': fields \['features'\]"):
+        db.append(rec(features=[1.0, float("nan")]))
+    with pytest.raises(ValueError, match=r"\['times_ms'\]"):
+        db.append(rec(times=[1.0, float("inf")]))
+    assert len(db) == 0 and not db.path.exists()
+
+
 def test_corrupt_line_in_the_middle_is_skipped_with_a_warning(tmp_path):
     path = tmp_path / "db.jsonl"
     db = TuningDatabase(path)
@@ -88,7 +97,7 @@ def test_corrupt_line_in_the_middle_is_skipped_with_a_warning(tmp_path):
     assert len(messages) == len(bad_lines)
     for lineno, message in enumerate(messages, start=2):
         assert f"{path}:{lineno}: skipped a corrupt tuning record" in message
-    assert "times_ms" in messages[4] and "records-99" in messages[5]
+    assert "['times_ms']" in messages[4] and "records-99" in messages[5]
     assert [r.candidate["knobs"]["tile"] for r in again.records()] == [1, 3]
 
 
