@@ -112,6 +112,11 @@ class WorkerPool:
         worker.call(_ready)
         self._idle.put(worker)
 
+    def wait_started(self) -> None:
+        """Return once every worker has started (calls do not need this: they wait for a free one)."""
+        for thread in self._starting:
+            thread.join()
+
     def call(self, fn: Callable, args: tuple = (), timeout_s: float | None = None) -> tuple[Any, str | None, float]:
         """``(value, error, seconds)``: the seconds count from when a worker was free (they
         include restarting one that a previous call left dead)."""
@@ -125,8 +130,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop every worker process (after those still starting are up, so none is left behind)."""
-        for thread in self._starting:
-            thread.join()
+        self.wait_started()
         for worker in self.workers:
             worker.close()
 
