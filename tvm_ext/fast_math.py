@@ -26,11 +26,35 @@ def _f(value: float) -> PrimExpr:
     return tirx.const(value, "float32")
 
 
-def exp(x: PrimExpr) -> PrimExpr:
+class _Lets:
+    """Binds the values a form uses many times to variables (a ``Let`` each, around the
+    form's result), so an argument is computed once however often the formula reads it.
+    Disabled in reduction bodies, which may not hold a ``Let`` (see ``loop_ir.to_te``)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bindings: list[tuple[tirx.Var, PrimExpr]] = []
+
+    def __call__(self, value: PrimExpr, name: str, dtype: str = "float32") -> PrimExpr:
+        if not self.enabled or isinstance(value, (tirx.Var, tirx.IntImm, tirx.FloatImm)):
+            return value
+        var = tirx.Var(name, dtype)
+        self.bindings.append((var, value))
+        return var
+
+    def wrap(self, body: PrimExpr) -> PrimExpr:
+        for var, value in reversed(self.bindings):
+            body = tirx.Let(var, value, body)
+        return body
+
+
+def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
     """exp for float32; relative error below 2e-7 on [EXP_MIN, EXP_MAX]."""
-    xc = tirx.Min(tirx.Max(x, _f(EXP_MIN)), _f(EXP_MAX))
-    n = te.floor(xc * _f(_LOG2E) + _f(0.5))
-    r = xc - n * _f(_C1) - n * _f(_C2)
+    lets = _Lets(let)
+    x = lets(x, "x")
+    xc = lets(tirx.Min(tirx.Max(x, _f(EXP_MIN)), _f(EXP_MAX)), "xc")
+    n = lets(te.floor(xc * _f(_LOG2E) + _f(0.5)), "n")
+    r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
     p = _f(_EXP_POLY[0])
     for c in _EXP_POLY[1:]:
         p = p * r + _f(c)
@@ -40,12 +64,12 @@ def exp(x: PrimExpr) -> PrimExpr:
     scaled = y * tirx.reinterpret("float32", bits) * _f(2.0)
     out = tirx.Select(x < _f(EXP_MIN), _f(0.0), scaled)
     out = tirx.Select(x > _f(EXP_MAX), _f(float("inf")), out)
-    return tirx.Select(tirx.isnan(x), x, out)  # NaN stays NaN
+    return lets.wrap(tirx.Select(tirx.isnan(x), x, out))  # NaN stays NaN
 
 
-def sigmoid(x: PrimExpr) -> PrimExpr:
+def sigmoid(x: PrimExpr, let: bool = False) -> PrimExpr:
     """1 / (1 + exp(-x)) with the vectorizable exp."""
-    return _f(1.0) / (_f(1.0) + exp(-x))
+    return _f(1.0) / (_f(1.0) + exp(-x, let))
 
 
 # Cephes logf: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), log(x) = e ln2 + log(m) where
@@ -56,19 +80,22 @@ _SQRT_HALF = 0.707106781186547524
 _FLT_MIN = 1.17549435e-38
 
 
-def log(x: PrimExpr) -> PrimExpr:
+def log(x: PrimExpr, let: bool = False) -> PrimExpr:
     """log for float32; relative error below 2e-7 away from x = 1 (absolute 1e-7 near it)."""
+    lets = _Lets(let)
+    x = lets(x, "x")
     tiny = x < _f(_FLT_MIN)  # a denormal: scale it into the normal range first
     xs = tirx.Select(tiny, x * _f(8388608.0), x)  # * 2^23
-    bits = tirx.reinterpret("int32", xs)
+    bits = lets(tirx.reinterpret("int32", xs), "bits", "int32")
     e = tirx.Cast("float32", tirx.shift_right(bits, tirx.const(23, "int32")) - tirx.const(126, "int32"))
     e = tirx.Select(tiny, e - _f(23.0), e)
     m = tirx.reinterpret("float32", tirx.bitwise_or(tirx.bitwise_and(bits, tirx.const(0x007FFFFF, "int32")),
                                                     tirx.const(0x3F000000, "int32")))  # in [0.5, 1)
+    m = lets(m, "m")
     small = m < _f(_SQRT_HALF)
-    e = tirx.Select(small, e - _f(1.0), e)
-    f = tirx.Select(small, m + m - _f(1.0), m - _f(1.0))
-    z = f * f
+    e = lets(tirx.Select(small, e - _f(1.0), e), "e")
+    f = lets(tirx.Select(small, m + m - _f(1.0), m - _f(1.0)), "f")
+    z = lets(f * f, "z")
     p = _f(_LOG_POLY[0])
     for c in _LOG_POLY[1:]:
         p = p * f + _f(c)
@@ -77,24 +104,26 @@ def log(x: PrimExpr) -> PrimExpr:
     out = tirx.Select(x == _f(0.0), _f(float("-inf")), out)
     out = tirx.Select(x < _f(0.0), _f(float("nan")), out)
     out = tirx.Select(tirx.isinf(x), x, out)
-    return tirx.Select(tirx.isnan(x), x, out)
+    return lets.wrap(tirx.Select(tirx.isnan(x), x, out))
 
 
 # tanh: an odd polynomial below 0.625 (Cephes tanhf), 1 - 2 / (exp(2|x|) + 1) above.
 _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
 
 
-def tanh(x: PrimExpr) -> PrimExpr:
+def tanh(x: PrimExpr, let: bool = False) -> PrimExpr:
     """tanh for float32; relative error below 3e-7."""
-    ax = tirx.Select(x < _f(0.0), -x, x)
-    z = x * x
+    lets = _Lets(let)
+    x = lets(x, "x")
+    ax = lets(tirx.Select(x < _f(0.0), -x, x), "ax")
+    z = lets(x * x, "z")
     p = _f(_TANH_POLY[0])
     for c in _TANH_POLY[1:]:
         p = p * z + _f(c)
     small = p * z * x + x
-    big = _f(1.0) - _f(2.0) / (exp(ax + ax) + _f(1.0))
+    big = lets(_f(1.0) - _f(2.0) / (exp(ax + ax, let) + _f(1.0)), "big")
     big = tirx.Select(x < _f(0.0), -big, big)
-    return tirx.Select(ax < _f(0.625), small, big)
+    return lets.wrap(tirx.Select(ax < _f(0.625), small, big))
 
 
 # erf: x * P(x^2) on [0, 1]; 1 - exp(-x^2) * Q(1/x) on [1, 3.92]; 1 beyond (erf(3.92) rounds
@@ -107,22 +136,24 @@ _ERFC_LARGE = (-0.011008645663978913, 0.036079387336092006, 0.008337129597223221
                0.0002591138681131871)
 
 
-def erf(x: PrimExpr) -> PrimExpr:
+def erf(x: PrimExpr, let: bool = False) -> PrimExpr:
     """erf for float32; its error is measured against torch.erf in the tests."""
-    ax = tirx.Select(x < _f(0.0), -x, x)
-    z = x * x
+    lets = _Lets(let)
+    x = lets(x, "x")
+    ax = lets(tirx.Select(x < _f(0.0), -x, x), "ax")
+    z = lets(x * x, "z")
     p = _f(_ERF_SMALL[0])
     for c in _ERF_SMALL[1:-1]:
         p = p * z + _f(c)
     # x * P(z) = x + x * (P(z) - 1): the small correction rounds on its own, x stays exact
     small = x + x * (p * z + _f(_ERF_SMALL[-1] - 1.0))
-    axc = tirx.Min(tirx.Max(ax, _f(1.0)), _f(3.92))
-    t = _f(1.0) / axc
+    axc = lets(tirx.Min(tirx.Max(ax, _f(1.0)), _f(3.92)), "axc")
+    t = lets(_f(1.0) / axc, "t")
     q = _f(_ERFC_LARGE[0])
     for c in _ERFC_LARGE[1:]:
         q = q * t + _f(c)
-    large = _f(1.0) - exp(-(axc * axc)) * q
+    large = lets(_f(1.0) - exp(-(axc * axc), let) * q, "large")
     large = tirx.Select(ax > _f(3.92), _f(1.0), large)
     large = tirx.Select(x < _f(0.0), -large, large)
     out = tirx.Select(ax < _f(1.0), small, large)
-    return tirx.Select(tirx.isnan(x), x, out)
+    return lets.wrap(tirx.Select(tirx.isnan(x), x, out))

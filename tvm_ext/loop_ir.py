@@ -408,16 +408,17 @@ def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
 
     Common subexpressions are computed once: a node with several parents in the DAG is
     bound to a variable by a ``Let`` around the expression. Nodes under a guarded select
-    stay in place, as they may only run when the guard holds. A reduction's body is left
-    to LLVM's CSE: schedules copy reduction bodies (``rfactor``), and a copied ``Let``
-    would define its variable twice.
+    stay in place, as they may only run when the guard holds. The vectorizable forms bind
+    the values they read many times the same way, locally. A reduction's body holds no
+    ``Let`` (LLVM's CSE does the work there): schedules copy reduction bodies (``rfactor``),
+    and a copied ``Let`` would define its variable twice.
     """
     if isinstance(expr, Reduce):
         memo: dict[int, PrimExpr] = {}
 
         def tr(node: LoopExpr) -> PrimExpr:
             if id(node) not in memo:
-                memo[id(node)] = _translate(node, tr, exact_math)
+                memo[id(node)] = _translate(node, tr, exact_math, let=False)
             return memo[id(node)]
         return tr(expr)
     return _translate_cse(expr, exact_math)
@@ -440,7 +441,7 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         key = id(node)
         if key in memo:
             return memo[key]
-        out = _translate(node, tr, exact_math)
+        out = _translate(node, tr, exact_math, let=True)
         if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)):
             var = tirx.Var(f"cse{len(lets)}", node.dtype)
             lets.append((var, out))
@@ -454,7 +455,7 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
     return body
 
 
-def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: bool) -> PrimExpr:
+def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: bool, let: bool) -> PrimExpr:
     if isinstance(node, Load):
         if node.buffer.tensor is None:
             raise RuntimeError(f"buffer {node.buffer.name} has no TE tensor yet")
@@ -469,8 +470,9 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
         return value if dtype_of(value) == node.dtype else tirx.Cast(node.dtype, value)
     if isinstance(node, Compute):
         spec = SCALAR_OPS[node.op]
-        fn = spec.te_fast if spec.te_fast is not None and node.dtype == "float32" and not exact_math else spec.te_fn
-        return fn(*[tr(a) for a in node.args])
+        if _is_fast(node, exact_math):  # its Lets only outside reduction bodies
+            return spec.te_fast(*[tr(a) for a in node.args], let=let)
+        return spec.te_fn(*[tr(a) for a in node.args])
     if isinstance(node, Select):
         cond, t, f = tr(node.cond), tr(node.true_value), tr(node.false_value)
         return tirx.if_then_else(cond, t, f) if node.guarded else tirx.Select(cond, t, f)
@@ -485,6 +487,12 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
             return te.min(body, axis=axes)
         return _PROD(body, axis=axes)
     raise TypeError(f"cannot translate {type(node).__name__} to TE")
+
+
+def _is_fast(node: LoopExpr, exact_math: bool) -> bool:
+    """Whether ``node`` translates to a vectorizable float32 form of ``fast_math``."""
+    return (isinstance(node, Compute) and not exact_math and node.dtype == "float32"
+            and SCALAR_OPS[node.op].te_fast is not None)
 
 
 _PROD = te.comm_reducer(lambda a, b: a * b, lambda dtype: tirx.const(1, dtype), name="prod")

@@ -154,16 +154,13 @@ class Trainer:
     ``model`` computes a scalar loss (Symbol or Relax IRModule); ``data_names`` are its inputs
     fed at every step, in order; every other float input is a trained parameter. ``predict``
     (optional, same kinds) computes the outputs from the same parameters and data inputs.
-    ``compile_options`` go to ``tvm_ext.compile``; ``exact_math`` defaults to True here: with
-    the fast float32 exp/log, AutoFuse's recompute of a fused loss-and-backward kernel grew one
-    TIR expression to ~480k characters and its build to 12.5 s (libm calls: 1.3 s in all).
+    ``compile_options`` go to ``tvm_ext.compile``.
     """
 
     def __init__(self, model: Any, data_names: Sequence[str], optimizer: Optimizer | None = None,
                  shapes: dict[str, Sequence[int]] | None = None, params: dict[str, np.ndarray] | None = None,
                  predict: Any = None, predict_shapes: dict[str, Sequence[int]] | None = None,
                  seed: int = 0, **compile_options: Any):
-        compile_options.setdefault("exact_math", True)
         self._compile_options = compile_options
         self.compiled: list = []  # the CompiledModels built (train step first), for their reports
         self._device = tvm.cpu(0)
