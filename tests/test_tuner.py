@@ -199,3 +199,14 @@ def test_compile_applies_the_best_record(tasks, tmp_path):
     assert tuned and all("parallel_only" in k.schedule for k in tuned)
     x = np.random.default_rng(1).standard_normal((6, 40)).astype("float32")
     np.testing.assert_allclose(compiled(x), _reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_command_line_tunes_then_compiles_from_the_records(tmp_path, capsys):
+    from tvm_ext.cli import main
+    db = str(tmp_path / "cli.jsonl")
+    assert main(["tune", "elementwise_chain", "--trials", "3", "--batch", "2", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up" in out and "fused_sigmoid" in out
+    assert len(TuningDatabase(db)) >= 3
+    assert main(["compile", "elementwise_chain", "--db", db]) == 0
+    assert "tuned schedules from" in capsys.readouterr().out

@@ -38,11 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune.add_argument("--db", required=True, help="tuning database (JSON Lines); a rerun continues it")
     tune.add_argument("--batch", type=int, default=8, help="candidates measured between model updates")
     tune.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on the servers of an RPC tracker")
+    server = sub.add_parser("rpc-server", help="serve measurements for `tune --rpc` (run one per machine)")
+    server.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the RPC tracker to register at")
+    server.add_argument("--key", required=True, help="the device key tune --rpc asks the tracker for")
+    server.add_argument("--port", type=int, default=9090, help="first port to try (up to +100)")
 
     args = parser.parse_args(argv)
     from tvm_ext.errors import CompileError
     try:
-        return {"demo": _demo, "compile": _compile, "tune": _tune}[args.command](args)
+        return {"demo": _demo, "compile": _compile, "tune": _tune, "rpc-server": _rpc_server}[args.command](args)
     except CompileError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -132,12 +136,28 @@ def _tune(args) -> int:
     model, shape_dict = _model_of(args)
     runner = None
     if args.rpc:
+        from tvm_ext.tuning import TUNING_TIMING
         from schedules.measure import RPCRunner
         host, port, key = args.rpc.rsplit(":", 2)
-        runner = RPCRunner(host, int(port), key)
+        runner = RPCRunner(host, int(port), key, **TUNING_TIMING)
     options = TuneOptions(trials=args.trials, batch=args.batch)
     summary = tvm_ext.tune(model, shape_dict=shape_dict, fusion=args.fusion, db=args.db, options=options,
                            runner=runner)
     print(summary.table())
     print(f"records in {args.db}; compile with: python -m tvm_ext compile {args.model} --db {args.db}")
+    return 0
+
+
+def _rpc_server(args) -> int:
+    """A TVM RPC server that survives crashing candidates (``schedules.measure.rpc_server_init``)."""
+    from schedules.measure import start_rpc_server
+
+    host, _, port = args.tracker.rpartition(":")
+    server = start_rpc_server(host, int(port), args.key, port=args.port, port_end=args.port + 100, silent=False)
+    print(f"serving key {args.key!r} for the tracker at {args.tracker} (Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.terminate()
     return 0

@@ -21,12 +21,17 @@ from tvm_ext.frontends import import_model
 from tvm_ext.pipeline import Pipeline
 
 
+#: How the tuner times a candidate: each of 5 repeats runs the kernel for at least 10 ms
+#: (a 20 us kernel ~500 times), so one scheduler hiccup does not make a schedule look good.
+TUNING_TIMING = {"number": 3, "repeat": 5, "warmup": 1, "min_repeat_ms": 10}
+
+
 class KernelMeasurer:
     """Builds candidates in parallel processes and times them with ``runner``."""
 
     def __init__(self, builder: LocalBuilder | None = None, runner: Runner | None = None):
         self.builder = builder or LocalBuilder()
-        self.runner = runner or LocalRunner()
+        self.runner = runner or LocalRunner(**TUNING_TIMING)
 
     def __call__(self, task: Task, results: list) -> list[tuple[list[float], str | None]]:
         inputs = [MeasureInput(f"{task.name}#{i}", r.func, task.target) for i, r in enumerate(results)]
