@@ -15,7 +15,8 @@ of ``BUILTIN_MODELS['softmax']`` (1024 x 1024) and relu(x @ w + b) of a one-laye
   and its XGBoost model ranks candidates from the second round on (stock: random predictions for
   the first 100 samples, i.e. for every trial of a 64-trial run).
 * by our tuner (``schedules.tuner.Tuner``, a fresh database, batches of 8), its heuristic
-  candidate included in the trials.
+  candidate included in the trials; without its closing re-check of best against heuristic
+  (``verify``; MetaSchedule has none), as the re-measurement below does that for both.
 
 Both measure with number=3, repeat=5 while tuning. Wall times cover building the builder and
 runner, the search and the measurements; MetaSchedule's one-time import of the tensor
@@ -102,8 +103,9 @@ def kernel_task(name: str, quick: bool, target: tvm.target.Target) -> Task:
 
 # ---------------------------------------------------------------------- MetaSchedule
 def x86_intrinsics_only() -> None:
-    """Make ``import tvm.s_tir.tensor_intrin`` register the x86 intrinsics only (about 2 s instead
-    of 25-45 s for all, CUDA's included): a package stub. The CPU rules need no others."""
+    """Make ``import tvm.s_tir.tensor_intrin`` register the x86 intrinsics only, with a package
+    stub: 0.4-3.4 s here against 58-98 s for all of them (CUDA's included) on the same, loaded
+    machine. MetaSchedule's CPU rules use no others."""
     stub = types.ModuleType("tvm.s_tir.tensor_intrin")
     stub.__path__ = importlib.util.find_spec("tvm.s_tir.tensor_intrin").submodule_search_locations
     sys.modules["tvm.s_tir.tensor_intrin"] = stub
@@ -128,6 +130,8 @@ def tune_metaschedule(task: Task, trials: int, per_iter: int, workdir: str, smal
     strategy = (ms.search_strategy.EvolutionarySearch(population_size=32, init_min_unmeasured=8, genetic_num_iters=1)
                 if small_search else "evolutionary")
 
+    # tune_tir's logging sets this level to DEBUG and prints at it: keep its console to warnings
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     mod = tvm.IRModule({"main": task.func.with_attr("global_symbol", "main")})
     target = tvm.target.Target(task.target)
     start = time.perf_counter()
@@ -137,7 +141,8 @@ def tune_metaschedule(task: Task, trials: int, per_iter: int, workdir: str, smal
     try:
         model = ms.cost_model.XGBModel(num_warmup_samples=0, num_tuning_cores=THREADS)
         db = ms.tune_tir(mod, target, work_dir=workdir, max_trials_global=trials, num_trials_per_iter=per_iter,
-                         builder=builder, runner=runner, cost_model=model, strategy=strategy, num_tuning_cores=THREADS, seed=0)
+                         builder=builder, runner=runner, cost_model=model, strategy=strategy,
+                         num_tuning_cores=THREADS, seed=0)
         wall = time.perf_counter() - start
         records = db.get_all_tuning_records()
         found = [statistics.median(float(s) for s in r.run_secs) * 1e3 for r in records if r.run_secs]
@@ -185,13 +190,14 @@ def check_outputs(funcs: dict[str, tvm.tirx.PrimFunc], target: tvm.target.Target
 
 
 def remeasure(funcs: dict[str, tvm.tirx.PrimFunc], target: tvm.target.Target, rounds: int,
-              repeat: int) -> dict[str, float]:
-    """Median over ``rounds`` (each in a rotated order) of the median of ``repeat`` timings, in ms."""
+              repeat: int) -> dict[str, list[float]]:
+    """Each kernel's median of ``repeat`` timings (number=3, as while tuning), in ms, once per
+    round; the rounds rotate the order, so that no kernel always runs first or after another."""
     names = list(funcs)
     inputs = [MeasureInput(n, f, target) for n, f in funcs.items()]
     times: dict[str, list[float]] = {n: [] for n in names}
-    with LocalBuilder(workers=THREADS) as builder, LocalRunner(timeout_s=60, number=TUNE_NUMBER, repeat=repeat,
-                                                               min_repeat_ms=20) as runner:
+    with LocalBuilder(workers=THREADS) as builder, \
+            LocalRunner(timeout_s=60, number=TUNE_NUMBER, repeat=repeat) as runner:
         builds = builder.build(inputs)
         for r in range(rounds):
             order = [(i + r) % len(names) for i in range(len(names))]
@@ -200,7 +206,7 @@ def remeasure(funcs: dict[str, tvm.tirx.PrimFunc], target: tvm.target.Target, ro
                 if not res.ok:
                     raise RuntimeError(f"re-measuring {res.key}: {res.error}")
                 times[res.key].append(res.median_ms)
-    return {n: statistics.median(t) for n, t in times.items()}
+    return times
 
 
 # ---------------------------------------------------------------------- the run
@@ -218,14 +224,15 @@ def compare(kernel: str, args: argparse.Namespace, target: tvm.target.Target) ->
                                 heuristic_candidate(task.func, task.machine, task.fuse_epilogue), task.name).func
     funcs = {"unscheduled": task.func, "heuristic": heuristic, "metaschedule": ms_run["func"], "ours": ours["func"]}
     errors = check_outputs(funcs, target)
-    ms_times = remeasure(funcs, target, args.rounds, args.repeat)
+    rounds = remeasure(funcs, target, args.rounds, args.repeat)
+    ms_times = {name: statistics.median(t) for name, t in rounds.items()}
     return {
         "kernel": kernel, "task": task.name, "shapes": [list(s) for s, _ in arg_specs(task.func)],
         "trials": args.trials,
         "metaschedule": {k: v for k, v in ms_run.items() if k != "func"} | {"ms": ms_times["metaschedule"]},
         "ours": {k: v for k, v in ours.items() if k != "func"} | {"ms": ms_times["ours"]},
         "heuristic_ms": ms_times["heuristic"], "unscheduled_ms": ms_times["unscheduled"],
-        "ratio": ms_times["metaschedule"] / ms_times["ours"], "max_abs_diff": errors,
+        "ratio": ms_times["metaschedule"] / ms_times["ours"], "max_abs_diff": errors, "rounds_ms": rounds,
     }
 
 
@@ -248,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default="softmax,mlp",
                         help=f"comma-separated, from: {', '.join(KERNELS)} (default softmax,mlp)")
     parser.add_argument("--ms-per-iter", type=int, default=16, help="MetaSchedule's candidates per round")
-    parser.add_argument("--rounds", type=int, default=None, help="side-by-side re-measurement rounds (3)")
+    parser.add_argument("--rounds", type=int, default=None, help="side-by-side re-measurement rounds (5)")
     parser.add_argument("--repeat", type=int, default=9, help="timings per candidate per round")
     parser.add_argument("--x86-intrinsics-only", action="store_true",
                         help="register only the x86 tensor intrinsics (a stub; default with --quick)")
@@ -261,11 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         if k not in KERNELS:
             parser.error(f"unknown kernel {k!r}: choose from {', '.join(KERNELS)}")
     args.trials = args.trials or (8 if args.quick else 64)
-    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.rounds = args.rounds or (1 if args.quick else 5)
     args.ms_per_iter = min(args.ms_per_iter, args.trials)
     if args.quick:
         args.x86_intrinsics_only = True
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
     target = host_target()
     start = time.perf_counter()
