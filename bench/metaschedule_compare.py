@@ -18,7 +18,8 @@ of ``BUILTIN_MODELS['softmax']`` (1024 x 1024) and relu(x @ w + b) of a one-laye
   candidate included in the trials; without its closing re-check of best against heuristic
   (``verify``; MetaSchedule has none), as the re-measurement below does that for both.
 
-Both measure with number=3, repeat=5 while tuning. Wall times cover building the builder and
+Both time each trial as our tuner does (``tvm_ext.tuning.TUNING_TIMING``: 5 repeats of at least
+10 ms each). Wall times cover building the builder and
 runner, the search and the measurements; MetaSchedule's one-time import of the tensor
 intrinsics (``TuneContext`` does it in this process) is timed once and reported apart.
 
@@ -64,11 +65,10 @@ from schedules.tasks import Task
 from schedules.tuner import TuneOptions, Tuner
 from tvm_ext.models import BUILTIN_MODELS
 from tvm_ext.target import host_target
-from tvm_ext.tuning import KernelMeasurer, tasks_of
+from tvm_ext.tuning import TUNING_TIMING, KernelMeasurer, tasks_of
 
 THREADS = int(os.environ["TVM_NUM_THREADS"])
 KERNELS = ("softmax", "mlp")
-TUNE_NUMBER, TUNE_REPEAT = 3, 5  # timing of each trial, both tuners
 
 
 # ---------------------------------------------------------------------- the kernels
@@ -137,7 +137,8 @@ def tune_metaschedule(task: Task, trials: int, per_iter: int, workdir: str, smal
     start = time.perf_counter()
     builder = ms.builder.LocalBuilder(max_workers=THREADS, timeout_sec=60, f_build=_build_without_intrinsics)
     runner = ms.runner.LocalRunner(timeout_sec=30, evaluator_config=ms.runner.EvaluatorConfig(
-        number=TUNE_NUMBER, repeat=TUNE_REPEAT, min_repeat_ms=1, enable_cpu_cache_flush=False))
+        number=TUNING_TIMING["number"], repeat=TUNING_TIMING["repeat"], min_repeat_ms=TUNING_TIMING["min_repeat_ms"],
+        enable_cpu_cache_flush=False))
     try:
         model = ms.cost_model.XGBModel(num_warmup_samples=0, num_tuning_cores=THREADS)
         db = ms.tune_tir(mod, target, work_dir=workdir, max_trials_global=trials, num_trials_per_iter=per_iter,
@@ -160,7 +161,7 @@ def tune_metaschedule(task: Task, trials: int, per_iter: int, workdir: str, smal
 def tune_ours(task: Task, trials: int, workdir: str) -> dict:
     """Our tuner on the task, with a fresh database."""
     start = time.perf_counter()
-    measurer = KernelMeasurer(LocalBuilder(workers=THREADS), LocalRunner(number=TUNE_NUMBER, repeat=TUNE_REPEAT))
+    measurer = KernelMeasurer(LocalBuilder(workers=THREADS), LocalRunner(**TUNING_TIMING))
     try:
         tuner = Tuner([task], TuningDatabase(pathlib.Path(workdir) / "tuning.jsonl"), measurer,
                       TuneOptions(trials=trials, batch=8, verify=False), progress=lambda _text: None)
@@ -191,13 +192,13 @@ def check_outputs(funcs: dict[str, tvm.tirx.PrimFunc], target: tvm.target.Target
 
 def remeasure(funcs: dict[str, tvm.tirx.PrimFunc], target: tvm.target.Target, rounds: int,
               repeat: int) -> dict[str, list[float]]:
-    """Each kernel's median of ``repeat`` timings (number=3, as while tuning), in ms, once per
-    round; the rounds rotate the order, so that no kernel always runs first or after another."""
+    """Each kernel's median of ``repeat`` timings (each as while tuning), in ms, once per round;
+    the rounds rotate the order, so that no kernel always runs first or after another."""
     names = list(funcs)
     inputs = [MeasureInput(n, f, target) for n, f in funcs.items()]
     times: dict[str, list[float]] = {n: [] for n in names}
     with LocalBuilder(workers=THREADS) as builder, \
-            LocalRunner(timeout_s=60, number=TUNE_NUMBER, repeat=repeat) as runner:
+            LocalRunner(**(TUNING_TIMING | {"repeat": repeat}), timeout_s=60) as runner:
         builds = builder.build(inputs)
         for r in range(rounds):
             order = [(i + r) % len(names) for i in range(len(names))]
