@@ -3,6 +3,7 @@
     python bench/run.py                          # every workload, both fusion strategies
     python bench/run.py --quick                  # small sizes, a smoke run
     python bench/run.py --models softmax,mlp --fusion autofuse --json out.json
+    python bench/run.py --tune 64 --tuning-db bench_results/tuning.jsonl   # + a tuned column
 
 Each workload is a PyTorch module (bench/models.py). tvm_ext compiles it once per fusion
 strategy (torch.export -> Relax -> fused kernels); "TVM" is ``tvm.compile`` of the same
@@ -10,7 +11,11 @@ imported Relax module (TVM's CPU pipeline: no fusion, unscheduled kernels); "eag
 the module; "compile" runs ``torch.compile`` (Inductor, CPU); "ORT" runs ONNX Runtime on
 the module exported to ONNX (the ``bench`` extra; skipped when absent). All use the same
 threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads). Every time is the median of ``--repeat``
-measurements; a ratio above 1 means tvm_ext (its best strategy) is faster.
+measurements; a ratio above 1 means tvm_ext (its best strategy) is faster. With ``--tune N``
+each workload's kernels are first tuned with N trials (the first ``--fusion`` strategy;
+records in ``--tuning-db``, which a rerun continues), then compiled from the records: the
+"tuned" column, with its ratio to the untuned build of the same strategy and to
+torch.compile.
 
 For memory-bound workloads the roofline is the time to move the bytes that must move (the
 model's inputs, outputs and weights, once each): the faster of numpy's memcpy and a
@@ -38,9 +43,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
+from models import workloads  # noqa: E402
 
 import tvm_ext  # noqa: E402
-from models import workloads  # noqa: E402
 from relay_passes.autofuse import AutoFuse  # noqa: E402
 from tvm_ext.baselines import tvm_default_build, tvm_fused_kernel_count  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
@@ -123,7 +128,8 @@ VARIANTS = {
 }
 
 
-def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True) -> dict:
+def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True,
+              tune_trials: int = 0, tuning_db: str | None = None) -> dict:
     module, x = workload.make()
     module.eval()
     target = tvm_ext.host_target()
@@ -138,6 +144,15 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
         single = compiled.benchmark(xn, number=1, repeat=1).median_ms / 1e3
         row["ours_ms"][fusion] = compiled.benchmark(xn, number=_number(single), repeat=repeat).median_ms
         row["kernels"][fusion] = compiled.report().num_kernels
+    row["tuned_ms"] = None
+    if tune_trials:
+        progress = lambda line: print(f"  [{name}] {line}", file=sys.stderr) if line else None  # noqa: E731
+        tvm_ext.tune(imported, db=tuning_db, trials=tune_trials, target=target, fusion=VARIANTS[fusions[0]](),
+                     progress=progress)
+        tuned = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusions[0]](), tuning_db=tuning_db)
+        row["ok"] &= bool(np.allclose(tuned(xn), ref, rtol=1e-3, atol=1e-3))
+        single = tuned.benchmark(xn, number=1, repeat=1).median_ms / 1e3
+        row["tuned_ms"] = tuned.benchmark(xn, number=_number(single), repeat=repeat).median_ms
     row["tvm_ms"] = vm_median_ms(tvm_default_build(imported, target), [tvm.runtime.tensor(xn)], repeat)
     row["tvm_fused_kernels"] = tvm_fused_kernel_count(imported)
     row["ort_ms"] = onnxruntime_ms(module, x, repeat) if with_ort else None
@@ -158,6 +173,9 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     row["roofline_ms"] = copy_ms(row["must_move_bytes"]) if workload.memory_bound else None
     row["x_roof"] = best / row["roofline_ms"] if row["roofline_ms"] else None
     row["vs_ort"] = row["ort_ms"] / best if row["ort_ms"] else None
+    row["tuned_vs_untuned"] = row["ours_ms"][fusions[0]] / row["tuned_ms"] if row["tuned_ms"] else None
+    row["tuned_vs_compile"] = row["compile_ms"] / row["tuned_ms"] if row["tuned_ms"] and row["compile_ms"] else None
+    row["tuned_gflops"] = workload.flops / (row["tuned_ms"] * 1e6) if workload.flops and row["tuned_ms"] else None
     row["gflops"] = workload.flops / (best * 1e6) if workload.flops else None
     row["torch_gflops"] = workload.flops / (row["eager_ms"] * 1e6) if workload.flops else None
     return row
@@ -198,6 +216,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=0, help="measurements per median (default 9, quick 3)")
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
     parser.add_argument("--no-onnxruntime", action="store_true", help="skip ONNX Runtime")
+    parser.add_argument("--tune", type=int, default=0, metavar="N", help="tune each workload with N trials first")
+    parser.add_argument("--tuning-db", default="bench_results/tuning.jsonl", help="records for --tune")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(THREADS))
@@ -220,7 +240,8 @@ def main(argv=None) -> int:
           f"{'vs eager':>8s} {'vs comp':>7s} {'vs ORT':>6s} {'x roof':>6s} | kernels ({'/'.join(f[:4] for f in fusions)}/TVM)")
     rows = []
     for name in names:
-        row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile, not args.no_onnxruntime)
+        row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile, not args.no_onnxruntime,
+                        args.tune, args.tuning_db)
         rows.append(row)
         ours = " ".join(f"{row['ours_ms'][f]:9.3f}" for f in fusions)
         kernels = "/".join(str(row["kernels"][f]) for f in fusions) + f"/{row['tvm_fused_kernels']}"
@@ -229,6 +250,10 @@ def main(argv=None) -> int:
               f"{_fmt(row['ort_ms'], '8.3f'):>8s} | {row['vs_tvm']:6.2f}x {row['vs_eager']:7.2f}x "
               f"{_fmt(row['vs_compile'], '6.2f'):>6s}x {_fmt(row['vs_ort'], '5.2f'):>5s}x {_fmt(row['x_roof'], '5.2f'):>5s}x | "
               f"{kernels}{gflops}{'' if row['ok'] else '  MISMATCH'}", flush=True)
+        if row["tuned_ms"]:
+            tflops = f", {row['tuned_gflops']:.0f} GFLOP/s" if row["tuned_gflops"] else ""
+            print(f"{'  tuned (' + fusions[0] + ')':26s} {row['tuned_ms']:9.3f} ms: {row['tuned_vs_untuned']:.2f}x "
+                  f"over untuned, {_fmt(row['tuned_vs_compile'], '.2f')}x vs torch.compile{tflops}", flush=True)
 
     def geo(key):
         vals = [r[key] for r in rows if r[key]]
@@ -238,9 +263,12 @@ def main(argv=None) -> int:
     print(f"{'geomean':26s} {' ' * 10 * len(fusions)}{'':9s} {'':8s} {'':8s} {'':8s} | {geo('vs_tvm'):6.2f}x "
           f"{geo('vs_eager'):7.2f}x {_fmt(geo('vs_compile'), '6.2f'):>6s}x {_fmt(geo('vs_ort'), '5.2f'):>5s}x")
     print("geomean speed-up over TVM per strategy: " + ", ".join(f"{f} {v:.2f}x" for f, v in per_fusion.items()))
+    if args.tune:
+        print(f"tuned ({args.tune} trials per workload): geomean {geo('tuned_vs_untuned'):.2f}x over untuned, "
+              f"{_fmt(geo('tuned_vs_compile'), '.2f')}x vs torch.compile")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": int(THREADS), "repeat": repeat, "fusions": fusions,
+            json.dump({"threads": int(THREADS), "repeat": repeat, "fusions": fusions, "tune_trials": args.tune,
                        "rows": rows, "geomean_vs_tvm": per_fusion}, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -18,10 +18,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import numpy as np
+import tvm
 
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
 from schedules.database import TuningDatabase, TuningRecord
-from schedules.features import candidate_features
+from schedules.features import (
+    NAMES,
+    PER_STORE_LENGTH,
+    candidate_features,
+    per_store_features,
+)
+from schedules.history import pooled_best, pooled_ms, pooled_times
 from schedules.search_space import (
     Candidate,
     apply_candidate,
@@ -49,6 +56,7 @@ class TuneOptions:
     space_limit: int = 512  # a space up to this size is enumerated
     seed: int = 0
     verify: bool = True  # re-measure the heuristic and the best side by side at the end
+    per_store: bool = False  # add TVM's PerStoreFeature to the model's features
 
 
 @dataclass
@@ -129,20 +137,22 @@ class Tuner:
         self.progress("")
         return TuneSummary(outcomes, time.perf_counter() - t0, quality)
 
-    def _verify(self, outcomes: list[TaskOutcome], heuristics: dict) -> None:
-        """Measure each task's heuristic and best candidates again, side by side: the best of
-        many noisy measurements is biased low, a second measurement of both is not."""
+    def _verify(self, outcomes: list[TaskOutcome], heuristics: dict, top: int = 3) -> None:
+        """Measure each task's heuristic and its best few candidates again, side by side, and
+        keep the one with the lowest median over all its measurements: the minimum of many
+        noisy single measurements is biased low (a lucky run), a pooled median is not."""
         for o in outcomes:
-            if o.best is None or candidate_key(o.best) == candidate_key(heuristics[o.task.key]):
-                o.best_ms = o.heuristic_ms = min(o.heuristic_ms, o.best_ms)
-                continue
-            pair = [heuristics[o.task.key], o.best]
-            results = [apply_candidate(o.task.func, o.task.machine, c, o.task.name) for c in pair]
-            (h_times, h_err), (b_times, b_err) = self.measure(o.task, results)
-            if h_err is None and b_err is None:
-                o.heuristic_ms, o.best_ms = float(np.median(h_times)), float(np.median(b_times))
-                if o.best_ms > o.heuristic_ms:  # the tuned choice did not hold up: keep the heuristic's
-                    o.best, o.best_ms = heuristics[o.task.key], o.heuristic_ms
+            records = self.db.records(o.task.key, o.task.target)
+            heur = heuristics[o.task.key]
+            ranked = sorted(pooled_times(records).values(), key=lambda cm: cm[1])
+            check = [heur] + [c for c, _ in ranked if candidate_key(c) != candidate_key(heur)][:top]
+            if len(check) > 1:
+                self._measure(o, [(c, apply_candidate(o.task.func, o.task.machine, c, o.task.name)) for c in check])
+            records = self.db.records(o.task.key, o.task.target)
+            o.heuristic_ms = pooled_ms(records, heur)
+            best = pooled_best(records)
+            if best is not None:
+                o.best, o.best_ms = best
 
     def _budgets(self, outcomes: list[TaskOutcome]) -> list[int]:
         """The trials left after the baselines, shared by weight x heuristic time."""
@@ -223,13 +233,15 @@ class Tuner:
         return min(times, default=math.inf)
 
     def _best_known(self, task: Task) -> tuple[Candidate, float] | None:
-        best = self.db.best(task.key, task.target)
-        return None if best is None else (best.candidate["steps"], best.median_ms)
+        return pooled_best(self.db.records(task.key, task.target))
 
     # ------------------------------------------------------------------ the model's data
     def _features_of(self, task: Task, key: str, result) -> np.ndarray:
         if (task.key, key) not in self._features:
-            self._features[(task.key, key)] = candidate_features(result, task.machine)
+            feats = candidate_features(result, task.machine)
+            if self.options.per_store:
+                feats = np.concatenate([feats, per_store_features(result, tvm.target.Target(task.target))])
+            self._features[(task.key, key)] = feats
         return self._features[(task.key, key)]
 
     def _samples(self, task: Task, batch: list) -> list[Sample]:
@@ -241,16 +253,20 @@ class Tuner:
 
     def _warm_start(self) -> None:
         """Train on every record in the database that carries features (other tasks, other runs)."""
-        samples = [Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms)
-                   for r in self.db.records() if r.features is not None]
+        samples = [Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms) for r in self._usable()]
         if samples:
             self.model.update(samples)
+
+    def _usable(self) -> list[TuningRecord]:
+        """Records whose features this run's model can read (same feature set)."""
+        length = len(NAMES) + (PER_STORE_LENGTH if self.options.per_store else 0)
+        return [r for r in self.db.records() if r.features is not None and len(r.features) == length]
 
     # ------------------------------------------------------------------ honesty
     def quality(self, k: int = 3, seed: int = 0) -> dict:
         """The model's accuracy on held-out measured candidates: for each task with enough
         successful records, train on every other task plus half of this one, score the other half."""
-        records = [r for r in self.db.records() if r.features is not None]
+        records = self._usable()
         by_task: dict[str, list[TuningRecord]] = {}
         for r in records:
             by_task.setdefault(r.task, []).append(r)

@@ -1,0 +1,239 @@
+"""How good is the tuner's search? Exhaustive runs on small tasks, then the tuner replayed on them.
+
+    python bench/tuner_quality.py --db bench_results/exhaustive.jsonl --json quality.json
+
+1. Every candidate of each task is measured once (recorded in ``--db``; a rerun continues).
+2. The tuner is replayed on each task with those measurements as its measurer (the same
+   loop as a real run: the heuristic first, then batches ranked by the cost model plus
+   exploration), for several seeds: how many trials until it holds a candidate within 95%
+   of the exhaustive best? Cold (a fresh model) and warm (the model first trained on the
+   other tasks' records: transfer), against random search's expectation.
+3. The cost model's quality on held-out candidates (trained on the other tasks plus half of
+   this one): pairwise ranking accuracy and the share of the best found by measuring only
+   its top-k, with our features alone and with TVM's PerStoreFeature added.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+
+from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality  # noqa: E402
+from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
+from schedules.features import candidate_features, per_store_features  # noqa: E402
+from schedules.search_space import candidate_key, enumerate_space  # noqa: E402
+from schedules.tasks import Task  # noqa: E402
+from schedules.tuner import TuneOptions, Tuner  # noqa: E402
+from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
+
+R = relax.op
+
+
+def _module(build) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    build(bb)
+    return bb.get()
+
+
+def _layer_norm(rows: int, cols: int):
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+        g, b = relax.const(np.ones(cols, "float32")), relax.const(np.zeros(cols, "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                gv = bb.emit_output(R.nn.layer_norm(x, g, b, axes=[-1]))
+            bb.emit_func_output(gv)
+    return _module(build)
+
+
+def _log_softmax(rows: int, cols: int):
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                gv = bb.emit_output(R.nn.log_softmax(x))
+            bb.emit_func_output(gv)
+    return _module(build)
+
+
+def _linear_relu(m: int, k: int, n: int):
+    rng = np.random.default_rng(0)
+    w = relax.const(rng.standard_normal((k, n)).astype("float32") / math.sqrt(k))
+    bias = relax.const(rng.standard_normal(n).astype("float32"))
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((m, k), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                gv = bb.emit_output(R.nn.relu(R.add(R.matmul(x, w), bias)))
+            bb.emit_func_output(gv)
+    return _module(build)
+
+
+def workloads(quick: bool) -> dict[str, tvm.IRModule]:
+    s = 4 if quick else 1
+    return {"layer_norm": _layer_norm(2048 // s, 768), "log_softmax": _log_softmax(1024 // s, 1024),
+            "linear_relu": _linear_relu(128 // s, 256, 512)}
+
+
+# ---------------------------------------------------------------------- 1. exhaustive
+def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: int = 16) -> dict[str, float]:
+    """Measure every candidate not yet in ``db``; return candidate key -> median ms."""
+    space = enumerate_space(task.func, task.machine, limit=100_000)
+    done = {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}
+    todo = [(c, r) for c, r in space if candidate_key(c) not in done]
+    t0 = time.perf_counter()
+    for i in range(0, len(todo), batch):
+        chunk = todo[i:i + batch]
+        for (c, r), (times, error) in zip(chunk, measurer(task, [r for _, r in chunk])):
+            feats = [float(x) for x in candidate_features(r, task.machine)]
+            db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c},
+                                   times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name))
+        print(f"  {task.name}: {min(i + batch, len(todo))}/{len(todo)} measured "
+              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return {candidate_key(r.candidate["steps"]): r.median_ms for r in db.records(task.key, task.target)}
+
+
+# ---------------------------------------------------------------------- 2. replayed tuning
+class Reached(Exception):
+    """The replay found a candidate within 95% of the best: stop there."""
+
+
+class Oracle:
+    """A measurer that answers with the exhaustive run's times and notes the trial (counted
+    from 1, the heuristic's included) at which a candidate within 95% of the best appeared."""
+
+    def __init__(self, times: dict[str, float]):
+        self.times = times
+        self.best = min(times.values())
+        self.trials = 0
+        self.hit: int | None = None
+
+    def __call__(self, task, results):
+        if self.hit is not None:
+            raise Reached()
+        out = []
+        for r in results:
+            self.trials += 1
+            ms = self.times.get(candidate_key([[label, dict(k)] for label, k in r.choices]), math.inf)
+            if self.hit is None and self.best / ms >= 0.95:
+                self.hit = self.trials
+            out.append(([ms], None) if math.isfinite(ms) else ([], "failed in the exhaustive run"))
+        return out
+
+
+def trials_to_95(task: Task, times: dict[str, float], seed: int, transfer: list[Sample], cap: int,
+                 per_store: bool) -> int | None:
+    """Trials until the replayed tuner holds a candidate within 95% of the exhaustive best."""
+    oracle = Oracle(times)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = TuningDatabase(Path(tmp) / "replay.jsonl")
+        model = CostModel(seed=seed)
+        if transfer:
+            model.update(list(transfer))
+        options = TuneOptions(trials=cap, batch=8, verify=False, seed=seed, space_limit=100_000, per_store=per_store)
+        try:
+            Tuner([task], db, oracle, options, model=model, progress=lambda s: None).tune()
+        except Reached:
+            pass
+    return oracle.hit
+
+
+def random_expectation(times: dict[str, float]) -> float:
+    """Expected trials for random search without replacement to hit a candidate within 95%."""
+    best = min(times.values())
+    good = sum(1 for t in times.values() if best / t >= 0.95)
+    return (len(times) + 1) / (good + 1)
+
+
+# ---------------------------------------------------------------------- 3. model quality
+def held_out_quality(samples: dict[str, list[Sample]], k: int = 3, seeds: int = 5) -> dict:
+    accs, tops = [], []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        for name, own in samples.items():
+            ok = [s for s in own if math.isfinite(s.ms)]
+            rng.shuffle(ok)
+            held, train = ok[:len(ok) // 2], ok[len(ok) // 2:]
+            train += [s for other, ss in samples.items() if other != name for s in ss]
+            model = CostModel(seed=seed)
+            model.fit(train)
+            scores = model.predict(np.stack([s.features for s in held]))
+            times = np.array([s.ms for s in held])
+            accs.append(pairwise_accuracy(scores, times))
+            tops.append(top_k_quality(scores, times, k))
+    return {"pairwise_accuracy": float(np.mean(accs)), f"top_{k}_quality": float(np.mean(tops))}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", default="bench_results/exhaustive.jsonl", help="exhaustive records (resumable)")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="smaller shapes, 2 seeds (a smoke run)")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    seeds = 2 if args.quick else args.seeds
+
+    db = TuningDatabase(args.db)
+    measurer = KernelMeasurer()
+    tasks, times = {}, {}
+    for name, mod in workloads(args.quick).items():
+        task = max(tasks_of(mod), key=lambda t: t.func.script().count("T.sblock"))  # the main kernel
+        print(f"{name}: kernel {task.name}", file=sys.stderr)
+        tasks[name], times[name] = task, exhaustive(task, db, measurer)
+
+    own = {n: [Sample(t.key, np.asarray(r.features, "float32"), r.median_ms)
+               for r in db.records(t.key, t.target) if r.features is not None] for n, t in tasks.items()}
+    rows = []
+    for name, task in tasks.items():
+        ok = {k: v for k, v in times[name].items() if math.isfinite(v)}
+        cap = len(ok)
+        transfer = [s for other, ss in own.items() if other != name for s in ss]
+        cold = [trials_to_95(task, ok, s, [], cap, False) for s in range(seeds)]
+        warm = [trials_to_95(task, ok, s, transfer, cap, False) for s in range(seeds)]
+        rows.append({"task": name, "kernel": task.name, "space": len(times[name]), "ok": len(ok),
+                     "best_ms": min(ok.values()), "random_expected": random_expectation(ok),
+                     "cold_median": statistics.median(x or cap for x in cold),
+                     "warm_median": statistics.median(x or cap for x in warm), "cold": cold, "warm": warm})
+    quality = {"ours": held_out_quality(own)}
+    psf = {n: [Sample(s.task, np.concatenate([s.features, per_store_features(r, tvm.target.Target(tasks[n].target))]),
+                      s.ms) for s, r in zip(own[n], _results(tasks[n], db))] for n in tasks}
+    quality["ours+per_store"] = held_out_quality(psf)
+
+    print(f"\n{'task':12s} {'space':>5s} {'best ms':>8s} {'random':>7s} {'cold':>6s} {'warm':>6s}  "
+          "(trials to 95% of the exhaustive best; medians over seeds)")
+    for r in rows:
+        print(f"{r['task']:12s} {r['space']:5d} {r['best_ms']:8.4f} {r['random_expected']:7.1f} "
+              f"{r['cold_median']:6.1f} {r['warm_median']:6.1f}  = {100 * r['warm_median'] / r['ok']:.1f}% "
+              f"of the space (warm), {100 * r['cold_median'] / r['ok']:.1f}% (cold)")
+    for name, q in quality.items():
+        print(f"model ({name}): held-out pairwise accuracy {q['pairwise_accuracy']:.3f}, "
+              f"top-3 finds {q['top_3_quality']:.1%} of the best")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tasks": rows, "quality": quality}, indent=1))
+    return 0
+
+
+def _results(task: Task, db: TuningDatabase):
+    """The ScheduleResult of each record with features, in record order (for PerStoreFeature)."""
+    from schedules.search_space import apply_candidate
+    for r in db.records(task.key, task.target):
+        if r.features is not None:
+            yield apply_candidate(task.func, task.machine, r.candidate["steps"], task.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
