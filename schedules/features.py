@@ -25,6 +25,7 @@ from schedules.policies import POLICIES
 _POLICY_NAMES = [p.name for p in POLICIES]
 _KNOBS = ["vector", "unroll", "tile", "chunks", "tile_i", "tile_j", "k_unroll", "epilogue", "k_block"]
 _REGISTER_FILE = 32 * 64  # bytes: 32 AVX-512 registers
+PER_STORE_LENGTH = 2 * 164  # PerStoreFeature's 164 numbers per store, summed and maxed
 
 NAMES = (["log_bytes", "log_work", "blocks", "anchor_share", "dtype_bytes",
           "groups", "loops", "log_parallel", "parallel_share", "log_work_per_core", "balance",
@@ -102,7 +103,7 @@ def per_store_features(result: ScheduleResult, target: tvm.target.Target) -> np.
     cand = ms.MeasureCandidate(s_tir.Schedule(tvm.IRModule({"main": result.func})), [])
     per_store = ms.feature_extractor.PerStoreFeature().extract_from(ctx, [cand])[0].numpy()
     if per_store.size == 0:
-        return np.zeros(2 * 164, dtype="float32")
+        return np.zeros(PER_STORE_LENGTH, dtype="float32")
     return np.concatenate([per_store.sum(axis=0), per_store.max(axis=0)]).astype("float32")
 
 
