@@ -32,10 +32,16 @@ class KernelMeasurer:
     def __init__(self, builder: LocalBuilder | None = None, runner: Runner | None = None):
         self.builder = builder or LocalBuilder()
         self.runner = runner or LocalRunner(**TUNING_TIMING)
+        self._owned = [part for part, given in ((self.builder, builder), (self.runner, runner)) if given is None]
 
     def __call__(self, task: Task, results: list) -> list[tuple[list[float], str | None]]:
         inputs = [MeasureInput(f"{task.name}#{i}", r.func, task.target) for i, r in enumerate(results)]
         return [(m.times_ms, m.error) for m in measure(inputs, self.builder, self.runner)]
+
+    def close(self) -> None:
+        """Stop the worker processes this measurer started (and delete the built libraries)."""
+        for part in self._owned:
+            part.close()
 
 
 def tasks_of(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
@@ -59,5 +65,8 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
     database = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
     options = options or TuneOptions(trials=trials)
     tasks = tasks_of(model, example_inputs, target=target, fusion=fusion, shape_dict=shape_dict)
-    tuner = Tuner(tasks, database, KernelMeasurer(builder, runner), options, progress=progress)
-    return tuner.tune()
+    measurer = KernelMeasurer(builder, runner)
+    try:
+        return Tuner(tasks, database, measurer, options, progress=progress).tune()
+    finally:
+        measurer.close()
