@@ -36,6 +36,7 @@ import os
 os.environ.setdefault("TVM_NUM_THREADS", "2")  # before TVM starts its thread pool
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -73,9 +74,7 @@ KERNELS = ("softmax", "mlp")
 
 # ---------------------------------------------------------------------- the kernels
 def _mlp_layer(m: int, k: int, n: int) -> tvm.IRModule:
-    """relu(x @ w + b): one kernel, a matmul with a bias and ReLU epilogue. (Not GELU: our
-    lowering binds its shared subexpressions with an expression ``Let``, and MetaSchedule's task
-    scheduler stops on it: EstimateTIRFlops "Do not have a default for prim.Let".)"""
+    """relu(x @ w + b): one kernel, a matmul with a bias and ReLU epilogue."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((m, k), "float32"))
     w = relax.Var("w", relax.TensorType((k, n), "float32"))
@@ -87,8 +86,40 @@ def _mlp_layer(m: int, k: int, n: int) -> tvm.IRModule:
     return bb.get()
 
 
+def inline_lets(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` with each expression ``Let`` replaced by its body, its variable by its value.
+
+    Our lowering binds values that vectorizable exp & co. read many times with ``Let``s;
+    MetaSchedule's task scheduler stops on them (EstimateTIRFlops: "Do not have a default for
+    prim.Let"), and TVM 0.27 has no Python substitution, so this rewrites the references in the
+    function's JSON graph (every int in a node's dict or list data is a node reference).
+    """
+    graph = json.loads(tvm.ir.save_json(func))
+    nodes = graph["nodes"]
+    to: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        if node["type"] == "prim.Let":
+            to[i], to[node["data"]["var"]] = node["data"]["body"], node["data"]["value"]
+    if not to:
+        return func
+
+    def resolve(ref):
+        while isinstance(ref, int) and not isinstance(ref, bool) and ref in to:
+            ref = to[ref]
+        return ref
+
+    for node in nodes:
+        if isinstance(node.get("data"), dict):
+            node["data"] = {k: resolve(v) for k, v in node["data"].items()}
+        elif isinstance(node.get("data"), list):
+            node["data"] = [resolve(v) for v in node["data"]]
+    graph["root_index"] = resolve(graph["root_index"])
+    return tvm.ir.load_json(json.dumps(graph))
+
+
 def kernel_task(name: str, quick: bool, target: tvm.target.Target) -> Task:
-    """The tuning task of one named kernel, from tvm_ext's pipeline."""
+    """The tuning task of one named kernel, from tvm_ext's pipeline, its ``Let``s inlined (for
+    MetaSchedule; both tuners get the same kernel)."""
     if name == "softmax":
         mod, want = BUILTIN_MODELS["softmax"](*((128, 256) if quick else (1024, 1024))).mod, "softmax"
     elif name == "mlp":
@@ -98,7 +129,7 @@ def kernel_task(name: str, quick: bool, target: tvm.target.Target) -> Task:
     tasks = [t for t in tasks_of(mod, target=target) if t.name.endswith(want)]
     if len(tasks) != 1:
         raise RuntimeError(f"kernel {name!r}: expected one task named *{want}, got {[t.name for t in tasks]}")
-    return tasks[0]
+    return dataclasses.replace(tasks[0], func=inline_lets(tasks[0].func))
 
 
 # ---------------------------------------------------------------------- MetaSchedule

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from schedules.search_space import apply_candidate, heuristic_candidate
+from tvm_ext.models import BUILTIN_MODELS
 from tvm_ext.target import host_target
+from tvm_ext.tuning import tasks_of
 
 SCRIPT = pathlib.Path(__file__).parent.parent / "bench" / "metaschedule_compare.py"
 
@@ -34,6 +36,11 @@ def test_kernels_come_from_the_pipeline_and_remeasure_side_by_side():
     assert [s for s, _ in mc.arg_specs(mlp.func)] == [(32, 64), (64, 64), (64,), (32, 64)]
     with pytest.raises(ValueError, match="unknown kernel"):
         mc.kernel_task("conv", True, target)
+
+    (original,) = tasks_of(BUILTIN_MODELS["softmax"](128, 256).mod, target=target)
+    assert "where=" in original.func.script()  # the vectorizable exp binds its values with Lets
+    assert "where=" not in softmax.func.script()  # MetaSchedule's copy has none: the same results
+    assert mc.check_outputs({"unscheduled": original.func, "inlined": softmax.func}, target)["inlined"] == 0.0
 
     heuristic = apply_candidate(mlp.func, mlp.machine, heuristic_candidate(mlp.func, mlp.machine), mlp.name).func
     funcs = {"unscheduled": mlp.func, "heuristic": heuristic}
