@@ -220,6 +220,13 @@ CASES = {
     "softmax_axis0": (lambda a: op.nn.softmax(a, axis=0), [(3, 2)], False, True),
     "log_softmax": (lambda a: op.nn.log_softmax(a, axis=-1), [(2, 4)], False, True),
     "take": (lambda a: op.take(a, _const([2, 0, 2, 1], "int64"), axis=1), [(2, 3)], False, True),
+    # TVM's take_backward needs a non-negative axis, 1-d indices and indices in range
+    "take_negative_axis": (lambda a: op.take(a, _const([2, 0, 2, 1], "int64"), axis=-1), [(2, 3)], False, False),
+    "take_2d_indices": (lambda a: op.take(a, _const([[1, 0], [2, 2]], "int64"), axis=0), [(3, 2)], False, False),
+    "take_negative_indices": (lambda a: op.take(a, _const([-1, 0, -3], "int32"), axis=1), [(2, 3)], False, False),
+    "take_clip_mode": (lambda a: op.take(a, _const([5, -2, 1], "int64"), axis=0, mode="clip"), [(3, 2)], False,
+                       False),
+    "take_axis_none": (lambda a: op.take(a, _const([[1, 0], [3, 3]], "int64")), [(4,)], False, False),
     "astype": (lambda a: op.astype(op.astype(a, "float32"), F64), [(2, 3)], False, True, 1e-2, 1e-4),
     # TVM's where rule does not sum a broadcast branch back to its shape (gives (2, 3) for (3,))
     "where": (lambda a, b: op.where(_const(_COND, "bool"), a, b), [(2, 3), (3,)], False, False),
