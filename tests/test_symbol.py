@@ -178,6 +178,22 @@ def test_json_round_trip_is_exact(tmp_path):
     assert sym.load_json(multi.tojson()).list_outputs() == ["cut_output0", "cut_output1", "cut_output2"]
 
 
+def test_json_round_trip_of_numpy_and_non_finite_scalars():
+    x = sym.Variable("x")
+    net = sym.Group([x * np.float64(2.0), sym.maximum(x, -np.inf), x ** np.int64(2), x + float("nan")])
+    loaded = sym.load_json(net.tojson())
+    attrs = [n.attrs["x2"] for n in loaded.topo_nodes()[1:]]
+    assert attrs[:3] == [2.0, -np.inf, 2] and np.isnan(attrs[3])
+    assert loaded.tojson() == net.tojson()
+    assert all(type(v) in (int, float) for n in net.topo_nodes() for v in n.attrs.values())  # plain Python
+    values = np.array([-1.0, 3.0], "float32")
+    got = tvm_ext.compile(loaded, shape_dict={"x": (2,)})(values)
+    np.testing.assert_array_equal(np.asarray(got[0]), values * 2)
+    np.testing.assert_array_equal(np.asarray(got[1]), values)
+    np.testing.assert_array_equal(np.asarray(got[2]), values ** 2)
+    assert np.isnan(np.asarray(got[3])).all()
+
+
 def test_loaded_symbol_computes_the_same():
     data = sym.Variable("data")
     net = sym.tanh(sym.dense(sym.relu(sym.dense(data, num_hidden=16, name="l1")) * 0.5, num_hidden=4, name="l2"))

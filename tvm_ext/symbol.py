@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -411,10 +412,27 @@ def format_attr(value: Any) -> str:
 
 
 def parse_attr(text: str) -> Any:
+    """The value ``format_attr`` wrote: a Python literal (``inf`` and ``nan`` too), else the string."""
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+        return ast.literal_eval(_NonFinite().visit(ast.parse(text, mode="eval")))
+    except (ValueError, SyntaxError, TypeError):
         return text
+
+
+class _NonFinite(ast.NodeTransformer):
+    """``inf`` and ``nan``, as ``repr`` writes them, become float constants for ``literal_eval``."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Constant(float(node.id)) if node.id in ("inf", "nan") else node
+
+
+def _attr_value(value: Any) -> Any:
+    """An attribute as plain Python (numpy scalars as int/float, lists as tuples): what JSON gives back."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return tuple(_attr_value(v) for v in value)
+    return value
 
 
 # --------------------------------------------------------------------------- the op table
@@ -566,7 +584,7 @@ def _bind_attrs(spec: SymbolOp, attrs: dict, kwargs: dict) -> dict:
             raise InputError(f"{spec.name} has no attribute {key!r}; its attributes are "
                              f"{sorted([*spec.required, *spec.attrs])}"
                              + ("" if spec.variadic else f", its inputs {list(spec.inputs)}"))
-        attrs[key] = tuple(value) if isinstance(value, list) else value
+        attrs[key] = _attr_value(value)
     missing = [k for k in spec.required if k not in attrs]
     if missing:
         raise InputError(f"{spec.name} needs the attribute(s) {missing}")
@@ -585,7 +603,7 @@ def _bind_generic(info: OpInfo, args: Sequence[Any], kwargs: dict) -> tuple[list
         elif isinstance(value, (list, tuple)) and any(isinstance(v, Symbol) for v in value):
             raise InputError(f"{info.name}: pass the Symbols of '{key}' one by one, not as a list")
         else:
-            attrs[key] = tuple(value) if isinstance(value, list) else value
+            attrs[key] = _attr_value(value)
     if not inputs:
         raise InputError(f"{info.name} needs at least one Symbol input")
     _check_order(info, bound.arguments)
@@ -604,7 +622,7 @@ def _check_order(info: OpInfo, arguments: dict) -> None:
 
 def _binary(op: str, lhs: Any, rhs: Any) -> Symbol:
     for side in (lhs, rhs):
-        if not isinstance(side, (Symbol, int, float)) or isinstance(side, bool):
+        if not isinstance(side, (Symbol, int, float, np.integer, np.floating)) or isinstance(side, bool):
             raise InputError(f"cannot apply {op} to a {type(side).__name__}; use a Symbol or a number")
     return _call(op, [lhs, rhs], {})
 
