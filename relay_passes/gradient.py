@@ -64,7 +64,7 @@ class Gradient:
 def select_params(func: relax.Function, wrt: Sequence[str | int] | None) -> list[relax.Var]:
     """The parameters ``wrt`` names (names or positions); ``None``: every float parameter."""
     if wrt is None:
-        return [p for p in func.params if _is_float(p)]
+        return [p for p in func.params if is_float(p)]
     by_name = {p.name: p for p in func.params}
     chosen = []
     for w in wrt:
@@ -77,7 +77,7 @@ def select_params(func: relax.Function, wrt: Sequence[str | int] | None) -> list
             p = by_name[w]
         else:
             raise InputError(f"Gradient: wrt '{w}' is not a parameter (parameters: {list(by_name)})")
-        if not _is_float(p):
+        if not is_float(p):
             raise InputError(f"Gradient: parameter '{p.name}' has dtype {p.ty.dtype}; only float "
                              "parameters have gradients")
         if any(p.same_as(c) for c in chosen):
@@ -230,7 +230,8 @@ def _target_of(func: relax.Function, bindings: Sequence, index: int) -> relax.Ex
     return ret
 
 
-def _is_float(var: relax.Var) -> bool:
+def is_float(var: relax.Var) -> bool:
+    """Whether a parameter is a float tensor (only those have gradients)."""
     return isinstance(var.ty, relax.TensorType) and str(var.ty.dtype).startswith(("float", "bfloat"))
 
 

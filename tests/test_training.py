@@ -122,6 +122,35 @@ def test_relax_module_model_learns_and_evaluates():
                                                                    + trainer.parameters()["b"] - t) ** 2)), rel=1e-4)
 
 
+def test_data_names_in_any_order():
+    # the module's inputs are (x, w, b, t); data given as (t, x) must still feed t to t and x to x
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 3)).astype("float32")
+    t = rng.standard_normal(16).astype("float32")
+    trainer = Trainer(_linear_regression_module(), ["t", "x"], SGD(0.1), params={"w": np.ones(3, "float32"),
+                                                                                "b": np.zeros((), "float32")})
+    assert trainer.param_names == ["w", "b"]
+    want = float(np.mean((x.sum(1) - t) ** 2))
+    assert trainer.evaluate(t, x) == pytest.approx(want, rel=1e-5)
+    assert trainer.step(t, x) == pytest.approx(want, rel=1e-5)
+    dw = 2 * ((x.sum(1) - t)[:, None] * x).mean(0)
+    np.testing.assert_allclose(trainer.parameters()["w"], 1 - 0.1 * dw, rtol=1e-5)
+
+
+def test_a_non_float_input_must_be_data():
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    k = relax.Var("k", relax.TensorType((4,), "int64"))
+    w = relax.Var("w", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, k, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.sum(relax.op.multiply(relax.op.add(x, relax.op.astype(k, "float32")), w)))
+        bb.emit_func_output(out)
+    with pytest.raises(InputError, match=r"input 'k' \(int64\).*cannot be trained.*data_names"):
+        Trainer(bb.get(), ["x"])
+    assert Trainer(bb.get(), ["x", "k"]).param_names == ["w"]
+
+
 def test_unknown_data_input_is_reported():
     with pytest.raises(InputError, match="not inputs of the model"):
         Trainer(_linear_regression_module(), ["x", "target"])

@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from relay_passes.gradient import emit_adjoint, select_params
+from relay_passes.gradient import emit_adjoint, is_float, select_params
 from tvm_ext.errors import InputError
 from tvm_ext.gradient_rules import shape_of
 
@@ -152,7 +152,8 @@ class Trainer:
     """Holds parameters and optimizer state as TVM tensors; ``step`` runs one compiled call.
 
     ``model`` computes a scalar loss (Symbol or Relax IRModule); ``data_names`` are its inputs
-    fed at every step, in order; every other float input is a trained parameter. ``predict``
+    fed at every step, in the order ``step`` takes them; every other input is a trained
+    parameter (so it must be float). ``predict``
     (optional, same kinds) computes the outputs from the same parameters and data inputs.
     ``compile_options`` go to ``tvm_ext.compile``.
     """
@@ -173,8 +174,16 @@ class Trainer:
             raise InputError(f"data inputs {missing} are not inputs of the model (its inputs: {names})")
         self.data_names = list(data_names)
         self.param_names = [n for n in names if n not in self.data_names]
+        not_float = [p for p in func.params if p.name in self.param_names and not is_float(p)]
+        if not_float:
+            p = not_float[0]
+            raise InputError(f"input '{p.name}' ({p.ty.dtype}) is not float, so it cannot be trained; "
+                             f"list it in data_names (now {self.data_names}) to feed it at every step")
         step_mod = build_train_step(loss_mod, self.param_names, self.optimizer)
         self.train_module = step_mod
+        step_params = step_mod["main"].params
+        n_fixed = len(step_params) - len(data_names)  # parameters and optimizer state come first
+        self._data_order = [self.data_names.index(p.name) for p in step_params[n_fixed:]]
         self._step = self._compile(step_mod)
         self._loss_mod, self._loss = loss_mod, None  # compiled on the first evaluate()
         self._loss_inputs = names
@@ -182,7 +191,7 @@ class Trainer:
         values.update(params or {})
         self.params = {n: tvm.runtime.tensor(np.asarray(values[n], order="C"), self._device)
                        for n in self.param_names}
-        state_vars = step_mod["main"].params[len(self.param_names):len(step_mod["main"].params) - len(data_names)]
+        state_vars = step_params[len(self.param_names):n_fixed]
         self.state = [tvm.runtime.tensor(np.zeros(shape_of(v), str(v.ty.dtype)), self._device) for v in state_vars]
         self._predict = None
         if predict is not None:
@@ -192,7 +201,10 @@ class Trainer:
 
     def step(self, *data: Any) -> float:
         """One training step on a batch (the ``data_names`` inputs, in order); returns the loss."""
-        out = self._step["main"](*self.params.values(), *self.state, *self._tensors(data))
+        if len(data) != len(self.data_names):
+            raise InputError(f"step takes {self.data_names}, got {len(data)} arrays")
+        tensors = self._tensors(data)
+        out = self._step["main"](*self.params.values(), *self.state, *[tensors[i] for i in self._data_order])
         n = len(self.params)
         self.params = dict(zip(self.params, (out[1 + i] for i in range(n))))
         self.state = [out[1 + n + i] for i in range(len(self.state))]
