@@ -16,6 +16,7 @@ from typing import Sequence
 import tvm
 from tvm import relax
 
+from relay_passes.grouping import substitute
 from tvm_ext.errors import InputError, ShapeError, UnsupportedOpError
 from tvm_ext.gradient_rules import shape_of
 from tvm_ext.registry import OPS, OpRegistry
@@ -143,19 +144,6 @@ def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[re
         g = adj.get(p)
         grads.append(g if g is not None else relax.op.zeros(relax.ShapeExpr(shape_of(p)), str(p.ty.dtype)))
     return env.get(target, target), grads
-
-
-def substitute(expr: relax.Expr, env: dict) -> relax.Expr:
-    """``expr`` with its variables replaced as ``env`` says (a binding's value: no nesting)."""
-    if isinstance(expr, relax.Var):
-        return env.get(expr, expr)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([substitute(f, env) for f in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(substitute(expr.tuple_value, env), expr.index)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [substitute(a, env) for a in expr.args], expr.attrs, expr.ty_args)
-    return expr
 
 
 class _Adjoints:

@@ -268,35 +268,35 @@ def _tvm_reason(err: Exception) -> str:
 # --------------------------------------------------------------------------- setting values
 def _set_shape(types: GraphTypes, entry: NodeEntry, shape: Shape, node: Node | None, source: str,
                role: str | None = None) -> bool:
-    key = (id(entry.node), entry.index)
-    old = types.shapes.get(key)
-    if old is None:
-        types.shapes[key] = shape
-        return True
-    if old == shape:
-        return False
-    what = _describe(entry, node, role)
-    if node is None:
-        raise ShapeError(f"{what} has shape {old}, but {source} is {shape}. Fix: give one shape")
-    raise ShapeError(f"node '{node.name}' ({node.op}): {what} has shape {old}, but {source} "
-                     f"make it {shape}. Fix: give '{entry.name}' the shape {shape}, or change the "
-                     f"attributes of '{node.name}' or the shapes that lead to it")
+    """Record ``entry``'s shape; True if it was unknown; a different known shape is a ShapeError."""
+    return _set(types.shapes, entry, shape, node, source, role, "shape")
 
 
 def _set_dtype(types: GraphTypes, entry: NodeEntry, dtype: str, node: Node | None, source: str,
                role: str | None = None) -> bool:
+    """Record ``entry``'s dtype; True if it was unknown; a different known dtype is a DtypeError."""
+    return _set(types.dtypes, entry, dtype, node, source, role, "dtype")
+
+
+def _set(table: dict[Key, Any], entry: NodeEntry, value: Any, node: Node | None, source: str, role: str | None,
+         kind: str) -> bool:
     key = (id(entry.node), entry.index)
-    old = types.dtypes.get(key)
+    old = table.get(key)
     if old is None:
-        types.dtypes[key] = dtype
+        table[key] = value
         return True
-    if old == dtype:
+    if old == value:
         return False
+    error = ShapeError if kind == "shape" else DtypeError
     what = _describe(entry, node, role)
     if node is None:
-        raise DtypeError(f"{what} has dtype {old}, but {source} is {dtype}. Fix: give one dtype")
-    raise DtypeError(f"node '{node.name}' ({node.op}): {what} has dtype {old}, but {source} makes it "
-                     f"{dtype}. Fix: give '{entry.name}' dtype {dtype}, or cast with sym.astype(x, dtype=...)")
+        raise error(f"{what} has {kind} {old}, but {source} is {value}. Fix: give one {kind}")
+    if kind == "shape":
+        result = (f"make it {value}. Fix: give '{entry.name}' the shape {value}, or change the attributes "
+                  f"of '{node.name}' or the shapes that lead to it")
+    else:
+        result = f"makes it {value}. Fix: give '{entry.name}' dtype {value}, or cast with sym.astype(x, dtype=...)"
+    raise error(f"node '{node.name}' ({node.op}): {what} has {kind} {old}, but {source} {result}")
 
 
 def _describe(entry: NodeEntry, node: Node | None, role: str | None) -> str:
