@@ -52,6 +52,7 @@ class TuneOptions:
     trials: int = 64  # total over all tasks, heuristic candidates included
     batch: int = 8
     explore: float = 0.25  # share of each batch picked at random
+    local: float = 0.25  # share of each batch taken from the nearest neighbours of the best so far
     pool: int = 32  # in a space too large to enumerate: candidates drawn per batch for the model to rank
     space_limit: int = 512  # a space up to this size is enumerated
     seed: int = 0
@@ -179,7 +180,8 @@ class Tuner:
             todo = [k for k in space if k not in measured]
             if not todo:
                 break
-            batch = self._propose(task, space, todo, min(opts.batch, budget - spent))
+            self.rng.shuffle(todo)  # ties (in score or nearness) break at random
+            batch = self._propose(task, space, todo, min(opts.batch, budget - spent), o.best)
             measured.update(batch)
             spent += self._measure(o, [space[k] for k in batch])
             self.model.update(self._samples(task, batch))
@@ -190,14 +192,24 @@ class Tuner:
     def _entries(pairs: list) -> list[tuple[str, tuple]]:
         return [(candidate_key(c), (c, r)) for c, r in pairs]
 
-    def _propose(self, task: Task, space: dict, todo: list[str], n: int) -> list[str]:
-        """The model's top ``n - explore`` unmeasured candidates, plus random ones."""
-        explore = max(1, round(n * self.options.explore)) if self.model.trained else n
+    def _propose(self, task: Task, space: dict, todo: list[str], n: int, best: Candidate | None) -> list[str]:
+        """A batch: the model's top candidates, the nearest neighbours of the best so far (the
+        heuristic's at first: a strong prior, and all an untrained model has), random ones."""
+        opts = self.options
+        local = max(1, round(n * opts.local)) if best is not None else 0
+        explore = max(1, round(n * opts.explore))
+        if not self.model.trained:
+            local = n - explore if best is not None else 0
         chosen: list[str] = []
-        if explore < n:
+        if n - local - explore > 0:
             feats = np.stack([self._features_of(task, k, space[k][1]) for k in todo])
-            scores = self.model.predict(feats)
-            chosen = [todo[i] for i in np.argsort(-scores, kind="stable")[:n - explore]]
+            ranked = [todo[i] for i in np.argsort(-self.model.predict(feats), kind="stable")]
+            chosen = ranked[:n - local - explore]
+        if local:
+            near = _traits(best)
+            rest = [k for k in todo if k not in set(chosen)]
+            rest.sort(key=lambda k: -len(near & _traits(space[k][0])))  # stable: ties keep todo's order
+            chosen += rest[:local]
         rest = [k for k in todo if k not in set(chosen)]
         return chosen + self.rng.sample(rest, min(len(rest), n - len(chosen)))
 
@@ -294,6 +306,15 @@ class Tuner:
             return {}
         return {"tasks": len(accs), "pairs": pairs, "k": k, "pairwise_accuracy": float(np.mean(accs)),
                 "top_k_quality": float(np.mean(tops))}
+
+
+def _traits(candidate: Candidate) -> set:
+    """What a candidate is made of: each step's policy and block, each knob's value."""
+    out = set()
+    for label, knobs in candidate:
+        out.add(label)
+        out.update((label, k, v) for k, v in knobs.items())
+    return out
 
 
 class ProgressLine:
