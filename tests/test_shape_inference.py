@@ -64,6 +64,16 @@ def test_forward_and_backward_rules_reach_a_fixed_point():
     assert out_shapes == [(5, 3), (5, 7)]
 
 
+def test_a_creation_op_does_not_pass_its_output_shape_to_its_fill_value():
+    # full's only tensor input is a scalar fill value, not an elementwise operand of its output's shape
+    v, x = sym.Variable("v"), sym.Variable("x")
+    net = sym.full(shape=(2, 3), fill_value=v, name="f") + x
+    assert net.infer_shape_partial(x=(2, 3)) == ([None, (2, 3)], [(2, 3)], [])
+    assert net.infer_shape(v=(), x=(2, 3)) == ([(), (2, 3)], [(2, 3)], [])
+    assert sym.exp(sym.Variable("a")).infer_shape_partial() == ([None], [None], [])
+    assert (sym.exp(sym.Variable("a")) + x).infer_shape(x=(4,)) == ([(4,), (4,)], [(4,)], [])  # unary rule
+
+
 def test_shape_hints_and_partial_inference():
     x = sym.Variable("x", shape=(2, 6))
     net = sym.dense(x, num_hidden=3, name="fc") + sym.Variable("free") * 0

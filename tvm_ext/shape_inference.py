@@ -21,10 +21,11 @@ from tvm import relax
 
 from tvm_ext.errors import CompileError, DtypeError, InputError, ShapeError
 from tvm_ext.patterns import OpPattern
-from tvm_ext.symbol import Node, NodeEntry, Symbol, format_attr, op_spec
+from tvm_ext.symbol import Node, NodeEntry, OpInfo, Symbol, format_attr, op_spec
 
 DEFAULT_DTYPE = "float32"
 _SHARED_OPERANDS = ("x1", "x2", "x3")  # Relax names of elementwise operands that share shape and dtype
+_UNARY_OPERANDS = ("x", "data")  # the operand of a one-input elementwise op (not full's fill_value)
 
 Shape = tuple[int, ...]
 Key = tuple[int, int]  # (id(node), output index)
@@ -175,10 +176,11 @@ def _backward(types: GraphTypes, node: Node, guess: bool) -> bool:
                 changed |= _set_dtype(types, entry, data_dtype, node, f"its data's dtype {data_dtype}", pname)
         return changed
     out_shape = types.shape(NodeEntry(node, 0))
-    if (out_shape is not None and len(node.inputs) == 1 and info.opdef.pattern == OpPattern.ELEMWISE
-            and types.shape(node.inputs[0]) is None):  # a one-input elementwise op keeps its input's shape
+    operands = _tensor_params(info, node)
+    if (out_shape is not None and len(operands) == 1 and operands[0] in _UNARY_OPERANDS
+            and info.opdef.pattern == OpPattern.ELEMWISE and types.shape(node.inputs[0]) is None):
         changed |= _set_shape(types, node.inputs[0], out_shape, node, "its output (elementwise)")
-    shared = _shared_operands(info, node)
+    shared = [e for p, e in zip(operands, node.inputs) if p in _SHARED_OPERANDS]
     known = [types.shape(e) for e in shared if types.shape(e) is not None] or [out_shape] * (out_shape is not None)
     if guess and known and all(s == known[0] for s in known):  # MXNet's elemwise ops: one shape
         for e in shared:
@@ -192,14 +194,10 @@ def _backward(types: GraphTypes, node: Node, guess: bool) -> bool:
     return changed
 
 
-def _shared_operands(info, node: Node) -> list[NodeEntry]:
-    """Inputs that are Relax operands x1/x2/x3 (elementwise and broadcast ops)."""
-    params = [p for p in _relax_params(info) if p not in node.attrs]
-    return [e for p, e in zip(params, node.inputs) if p in _SHARED_OPERANDS]
-
-
-def _relax_params(info) -> list[str]:
-    return list(inspect.signature(info.relax_fn).parameters) if info.relax_fn is not None else []
+def _tensor_params(info: OpInfo, node: Node) -> list[str]:
+    """The Relax parameter each input of a generic op node fills, in input order."""
+    params = list(inspect.signature(info.relax_fn).parameters) if info.relax_fn is not None else []
+    return [p for p in params if p not in node.attrs][:len(node.inputs)]
 
 
 # --------------------------------------------------------------------------- forward rules
