@@ -70,6 +70,8 @@ def test_a_creation_op_does_not_pass_its_output_shape_to_its_fill_value():
     net = sym.full(shape=(2, 3), fill_value=v, name="f") + x
     assert net.infer_shape_partial(x=(2, 3)) == ([None, (2, 3)], [(2, 3)], [])
     assert net.infer_shape(v=(), x=(2, 3)) == ([(), (2, 3)], [(2, 3)], [])
+    with pytest.raises(ShapeError, match=r"node 'f' \(full\).*'v' \(2,\) float32.*zero rank"):
+        net.infer_shape(v=(2,), x=(2, 3))  # TVM's reason prints dtype="float32": still a shape error
     assert sym.exp(sym.Variable("a")).infer_shape_partial() == ([None], [None], [])
     assert (sym.exp(sym.Variable("a")) + x).infer_shape(x=(4,)) == ([(4,), (4,)], [(4,)], [])  # unary rule
 

@@ -246,7 +246,7 @@ def _static_shape(ty) -> Shape | None:
 def _forward_error(node: Node, shapes: list, dtypes: list, err: Exception) -> CompileError:
     inputs = ", ".join(f"'{e.name}' {tuple(s)} {d}" for e, s, d in zip(node.inputs, shapes, dtypes))
     reason = _tvm_reason(err)
-    if isinstance(err, TypeError) or "datatype" in reason or "dtype" in reason:
+    if isinstance(err, TypeError) or "datatype" in reason or "dtype" in reason.replace("dtype=", ""):
         return DtypeError(f"node '{node.name}' ({node.op}): its inputs have dtypes that do not fit "
                           f"({inputs}): {reason}. Fix: give the inputs matching dtypes, or cast one with "
                           "sym.astype(x, dtype=...)")
