@@ -9,7 +9,7 @@ from tvm import relax
 
 import tvm_ext.symbol as sym
 from tvm_ext.errors import InputError
-from tvm_ext.training import SGD, Adam, Trainer, build_train_step
+from tvm_ext.training import SGD, Adam, Trainer, build_train_step, init_params
 
 B, D, H, C = 8, 12, 16, 5
 SHAPES = {"data": (B, D), "label": (B, C)}
@@ -149,6 +149,19 @@ def test_a_non_float_input_must_be_data():
     with pytest.raises(InputError, match=r"input 'k' \(int64\).*cannot be trained.*data_names"):
         Trainer(bb.get(), ["x"])
     assert Trainer(bb.get(), ["x", "k"]).param_names == ["w"]
+
+
+def test_init_params_glorot_weights_zero_biases_unit_scales():
+    x = sym.Variable("x")
+    net = sym.sum(sym.layer_norm(sym.dense(x, num_hidden=6, name="fc"), name="ln"))
+    func = net.to_relax({"x": (4, 3)})["main"]
+    values = init_params(func, ["fc_weight", "fc_bias", "ln_gamma", "ln_beta"], seed=3)
+    bound = np.sqrt(6.0 / (3 + 6))
+    assert values["fc_weight"].shape == (6, 3) and 0 < np.abs(values["fc_weight"]).max() <= bound
+    assert values["fc_weight"].std() > bound / 4  # spread over the range, not a constant
+    np.testing.assert_array_equal(values["fc_bias"], np.zeros(6))
+    np.testing.assert_array_equal(values["ln_gamma"], np.ones(6))  # a zero scale would cut every gradient
+    np.testing.assert_array_equal(values["ln_beta"], np.zeros(6))
 
 
 def test_unknown_data_input_is_reported():

@@ -133,14 +133,15 @@ def build_train_step(loss_mod: tvm.IRModule, params: Sequence[str], optimizer: O
 
 
 def init_params(func: relax.Function, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
-    """Glorot-uniform weights (2-d and up, fan-in from all dims but the first), zero biases."""
+    """Glorot-uniform weights (2-d and up, fan-in from all dims but the first), zero biases, and
+    ones for the scales of normalization layers (``*gamma``, ``*moving_var``: MXNet's names)."""
     rng = np.random.default_rng(seed)
     by_name = {p.name: p for p in func.params}
     out = {}
     for name in names:
         shape, dtype = shape_of(by_name[name]), str(by_name[name].ty.dtype)
         if len(shape) < 2:
-            out[name] = np.zeros(shape, dtype)
+            out[name] = (np.ones if name.endswith(("gamma", "moving_var")) else np.zeros)(shape, dtype)
             continue
         fan_in, fan_out = int(np.prod(shape[1:])), shape[0]
         bound = math.sqrt(6.0 / (fan_in + fan_out))
