@@ -194,6 +194,18 @@ def test_json_round_trip_of_numpy_and_non_finite_scalars():
     assert np.isnan(np.asarray(got[3])).all()
 
 
+def test_load_json_rejects_bad_references():
+    x = {"op": "null", "name": "x", "inputs": []}
+    bad = [({"nodes": [x], "heads": [[3, 0, 0]]}, r"head 0 reads node 3, output 0.* 1 nodes"),
+           ({"nodes": [x], "heads": [[0, 1, 0]]}, r"head 0 reads node 0, output 1.*'x' has 1"),
+           ({"nodes": [x, {"op": "exp", "name": "e", "inputs": [[0, 2, 0]]}], "heads": [[1, 0, 0]]},
+            r"node 1 \('e'\) reads node 0, output 2.*'x' has 1"),
+           ({"nodes": [{"name": "x", "inputs": []}], "heads": [[0, 0, 0]]}, r"node 0 .*needs 'op' and 'name'")]
+    for graph, message in bad:
+        with pytest.raises(InputError, match=message):
+            sym.load_json(json.dumps(graph))
+
+
 def test_loaded_symbol_computes_the_same():
     data = sym.Variable("data")
     net = sym.tanh(sym.dense(sym.relu(sym.dense(data, num_hidden=16, name="l1")) * 0.5, num_hidden=4, name="l2"))

@@ -384,21 +384,31 @@ def load_json(text: str) -> Symbol:
         raise InputError(f"not a symbol JSON (needs 'nodes' and 'heads'): {err}") from err
     nodes: list[Node] = []
     for i, item in enumerate(jnodes):
+        if "op" not in item or "name" not in item:
+            raise InputError(f"node {i} of the symbol JSON needs 'op' and 'name', got {sorted(item)}")
         attrs, user = {}, {}
         for key, value in item.get("attrs", {}).items():
             if len(key) > 4 and key.startswith("__") and key.endswith("__"):
                 user[key[2:-2]] = value
             else:
                 attrs[key] = parse_attr(value)
-        inputs = []
-        for src, idx, *_ in item.get("inputs", []):
-            if not 0 <= src < i:
-                raise InputError(f"node {i} ('{item.get('name')}') reads node {src}, which is not before it")
-            inputs.append(NodeEntry(nodes[src], idx))
+        inputs = [_json_entry(nodes, src, idx, f"node {i} ('{item['name']}')")
+                  for src, idx, *_ in item.get("inputs", [])]
         op = None if item["op"] == "null" else item["op"]
         num_outputs = 1 if op is None else op_spec(op).num_outputs(attrs)
         nodes.append(Node(op, item["name"], attrs, inputs, user, num_outputs))
-    return Symbol([NodeEntry(nodes[src], idx) for src, idx, *_ in heads])
+    return Symbol([_json_entry(nodes, src, idx, f"head {i}") for i, (src, idx, *_) in enumerate(heads)])
+
+
+def _json_entry(nodes: list[Node], src: int, idx: int, where: str) -> NodeEntry:
+    """Output ``idx`` of node ``src`` among the nodes loaded so far (a JSON reference, checked)."""
+    if not 0 <= src < len(nodes):
+        raise InputError(f"{where} reads node {src}, output {idx}, but only the {len(nodes)} nodes before it "
+                         "can be read: not a graph saved by Symbol.tojson")
+    if not 0 <= idx < nodes[src].num_outputs:
+        raise InputError(f"{where} reads node {src}, output {idx}, but '{nodes[src].name}' has "
+                         f"{nodes[src].num_outputs} output(s)")
+    return NodeEntry(nodes[src], idx)
 
 
 def load(path: str | os.PathLike) -> Symbol:
