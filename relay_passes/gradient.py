@@ -40,7 +40,7 @@ class Gradient:
         self.adjoint_name = adjoint_name or f"{func_name}_adjoint"
         self.registry = registry
 
-    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         names = [gv.name_hint for gv in mod.get_global_vars()]
         if self.func_name not in names or not isinstance(mod[self.func_name], relax.Function):
             raise InputError(f"Gradient: the module has no Relax function '{self.func_name}' (it has {names})")

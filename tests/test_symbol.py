@@ -85,6 +85,8 @@ def test_explicit_parameters_and_bad_calls():
         sym.load_json(json.dumps({"nodes": [{"op": "nope", "name": "n", "inputs": []}], "heads": [[0, 0, 0]]}))
     with pytest.raises(AttributeError):
         sym.no_such_op  # noqa: B018
+    assert {"exp", "dense", "FullyConnected", "conv2d", "softmax", "split"} <= set(sym.list_ops())
+    assert "no_such_op" not in sym.list_ops() and set(sym.list_ops()) <= set(dir(sym))
     with pytest.raises(InputError, match="one by one"):
         sym.concat([data, w], axis=1)
 

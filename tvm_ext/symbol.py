@@ -99,7 +99,7 @@ class AttrScope:
         _SCOPE.attrs = {**self._saved, **self.attrs}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         _SCOPE.attrs = self._saved or {}
 
 
@@ -233,24 +233,16 @@ class Symbol:
 
     def list_attr(self) -> dict[str, str]:
         """All attributes of this node, as strings."""
-        node = self._single("list_attr()")
-        return {**{k: format_attr(v) for k, v in node.attrs.items()}, **node.user_attrs}
+        return _string_attrs(self._single("list_attr()"))
 
     def attr_dict(self) -> dict[str, dict[str, str]]:
         """Node name -> its attributes, for every node that has any."""
         out = {}
         for node in self.topo_nodes():
-            attrs = {**{k: format_attr(v) for k, v in node.attrs.items()}, **node.user_attrs}
+            attrs = _string_attrs(node)
             if attrs:
                 out[node.name] = attrs
         return out
-
-    def _set_attr(self, **attrs: str) -> None:
-        """Set free attributes of this node (strings, as ``attr=`` does)."""
-        for key, value in attrs.items():
-            if not isinstance(value, str):
-                raise InputError(f"attribute {key}={value!r} must be a string")
-        self._single("_set_attr()").user_attrs.update(attrs)
 
     # ---- serialization
     def tojson(self) -> str:
@@ -414,6 +406,11 @@ def _json_entry(nodes: list[Node], src: int, idx: int, where: str) -> NodeEntry:
 def load(path: str | os.PathLike) -> Symbol:
     with open(path) as f:
         return load_json(f.read())
+
+
+def _string_attrs(node: Node) -> dict[str, str]:
+    """A node's op attributes then free attributes, all as strings."""
+    return {**{k: format_attr(v) for k, v in node.attrs.items()}, **node.user_attrs}
 
 
 def format_attr(value: Any) -> str:
