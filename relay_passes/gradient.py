@@ -96,16 +96,7 @@ def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[re
     ``func``. Used by the ``Gradient`` pass and by training steps that add updates after.
     """
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    env: dict = dict(zip(func.params, args))
-    calls: dict = {}  # forward var -> its call, rewritten on the copies
-    for b in bindings:
-        if isinstance(b, relax.MatchCast):
-            raise UnsupportedOpError(f"Gradient: node '{b.var.name}' is a match_cast; differentiate a "
-                                     "function with static shapes")
-        value = bb.normalize(substitute(b.value, env))
-        env[b.var] = bb.emit(value, name_hint=b.var.name)
-        if isinstance(value, relax.Call):
-            calls[b.var] = value
+    env, calls = _emit_forward(bb, func, bindings, args)
     target = _target_of(func, bindings, target_index)
     if shape_of(target) != ():
         raise InputError(f"Gradient: the target '{_name(target)}' has shape {list(shape_of(target))}; "
@@ -115,35 +106,54 @@ def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[re
     if target in live:
         adj.add(target, relax.const(1.0, str(target.ty.dtype)))
     for b in reversed(bindings):
-        y = b.var
-        g = adj.get(y)
-        if g is None or y not in live:
-            continue
-        value = b.value
-        if isinstance(value, relax.Var):
-            adj.add(value, g)
-        elif isinstance(value, relax.Tuple):
-            for f, gf in zip(value.fields, g):
-                if gf is not None and f in live:
-                    adj.add(f, gf)
-        elif isinstance(value, relax.TupleGetItem):
-            adj.add_field(value.tuple_value, value.index, g, len(value.tuple_value.ty.fields))
-        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-            grads = _rule(y, value, registry)(calls[y], env[y], g, bb)
-            if len(grads) != len(value.args):
-                raise UnsupportedOpError(f"gradient rule of {value.op.name} returned {len(grads)} values for "
-                                         f"{len(value.args)} arguments (node '{y.name}')")
-            for arg, grad in zip(value.args, grads):
-                if grad is not None and isinstance(arg, relax.Var) and arg in live:
-                    adj.add(arg, grad, where=f"node '{y.name}' ({value.op.name})")
-        else:
-            raise UnsupportedOpError(f"Gradient: node '{y.name}' is a {type(value).__name__}, which cannot be "
-                                     "differentiated; only op calls, tuples and aliases can")
+        if b.var in live and adj.get(b.var) is not None:
+            _emit_backward(bb, b, env, calls, adj, live, registry)
     grads = []
     for p in wrt:
         g = adj.get(p)
         grads.append(g if g is not None else relax.op.zeros(relax.ShapeExpr(shape_of(p)), str(p.ty.dtype)))
     return env.get(target, target), grads
+
+
+def _emit_forward(bb: relax.BlockBuilder, func: relax.Function, bindings: Sequence,
+                  args: Sequence[relax.Expr]) -> tuple[dict, dict]:
+    """Copy ``func``'s bindings onto ``args``: (forward var -> its copy, forward var -> its copied call)."""
+    env: dict = dict(zip(func.params, args))
+    calls: dict = {}
+    for b in bindings:
+        if isinstance(b, relax.MatchCast):
+            raise UnsupportedOpError(f"Gradient: node '{b.var.name}' is a match_cast; differentiate a "
+                                     "function with static shapes")
+        value = bb.normalize(substitute(b.value, env))
+        env[b.var] = bb.emit(value, name_hint=b.var.name)
+        if isinstance(value, relax.Call):
+            calls[b.var] = value
+    return env, calls
+
+
+def _emit_backward(bb: relax.BlockBuilder, b: relax.Binding, env: dict, calls: dict, adj: _Adjoints,
+                   live: set, registry: OpRegistry) -> None:
+    """Pass binding ``b``'s complete adjoint on to the values it reads (its op's rule for a call)."""
+    y, value, g = b.var, b.value, adj.get(b.var)
+    if isinstance(value, relax.Var):
+        adj.add(value, g)
+    elif isinstance(value, relax.Tuple):
+        for f, gf in zip(value.fields, g):
+            if gf is not None and f in live:
+                adj.add(f, gf)
+    elif isinstance(value, relax.TupleGetItem):
+        adj.add_field(value.tuple_value, value.index, g, len(value.tuple_value.ty.fields))
+    elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        grads = _rule(y, value, registry)(calls[y], env[y], g, bb)
+        if len(grads) != len(value.args):
+            raise UnsupportedOpError(f"gradient rule of {value.op.name} returned {len(grads)} values for "
+                                     f"{len(value.args)} arguments (node '{y.name}')")
+        for arg, grad in zip(value.args, grads):
+            if grad is not None and isinstance(arg, relax.Var) and arg in live:
+                adj.add(arg, grad, where=f"node '{y.name}' ({value.op.name})")
+    else:
+        raise UnsupportedOpError(f"Gradient: node '{y.name}' is a {type(value).__name__}, which cannot be "
+                                 "differentiated; only op calls, tuples and aliases can")
 
 
 class _Adjoints:
