@@ -86,6 +86,14 @@ def infer(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, st
     """Fill every shape and dtype that the given ones (and the Variables' hints) determine."""
     types = GraphTypes(symbol, symbol.topo_nodes())
     variables = _unique_variables(types.nodes)
+    _seed(types, variables, shapes, dtypes)
+    _fixed_point(types, variables)
+    return types
+
+
+def _seed(types: GraphTypes, variables: dict[str, Node], shapes: dict[str, Sequence[int]],
+          dtypes: dict[str, str]) -> None:
+    """The known values: the Variables' hints, then the shapes and dtypes given (which must agree)."""
     for name in {**shapes, **dtypes}:
         if name not in variables:
             raise InputError(f"'{name}' is not an input of this symbol; its inputs are {sorted(variables)}")
@@ -99,6 +107,10 @@ def infer(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, st
             _set_shape(types, entry, _as_shape(name, shapes[name]), None, f"the shape given for '{name}'")
         if name in dtypes:
             _set_dtype(types, entry, str(dtypes[name]), None, f"the dtype given for '{name}'")
+
+
+def _fixed_point(types: GraphTypes, variables: dict[str, Node]) -> None:
+    """Apply the rules until nothing changes."""
     ops = [n for n in types.nodes if not n.is_variable]
     # Sure rules first; then default dtypes; then, one sweep at a time, the elementwise guess
     # (operands of one shape), which an op that broadcasts would contradict.
@@ -120,7 +132,6 @@ def infer(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, st
         for i in range(node.num_outputs):
             if types.dtype(NodeEntry(node, i)) is None and first is not None:
                 types.dtypes[(id(node), i)] = first
-    return types
 
 
 def _unique_variables(nodes: list[Node]) -> dict[str, Node]:
