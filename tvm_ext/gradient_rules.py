@@ -9,13 +9,14 @@ in its ``OpDef`` beside its lowering.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from tvm import relax
 
 from tvm_ext.errors import ShapeError
 
 GradientRule = Callable[[relax.Call, relax.Var, relax.Expr, relax.BlockBuilder], list]
+Axes = Union[Sequence[int], None]  # a reduction's ``axis`` attribute: None reduces every axis
 
 
 def shape_of(expr: relax.Expr) -> tuple[int, ...]:
@@ -31,6 +32,7 @@ def shape_of(expr: relax.Expr) -> tuple[int, ...]:
 
 
 def dtype_of(expr: relax.Expr) -> str:
+    """The dtype of a tensor expression."""
     return str(expr.ty.dtype)
 
 
@@ -60,10 +62,11 @@ def sum_to(grad: relax.Expr, shape: Sequence[int], bb: relax.BlockBuilder) -> re
 
 
 def sum_to_like(grad: relax.Expr, like: relax.Expr, bb: relax.BlockBuilder) -> relax.Expr:
+    """``sum_to`` the shape of ``like`` (the argument a broadcast gradient belongs to)."""
     return sum_to(grad, shape_of(like), bb)
 
 
-def keep_reduced_dims(grad: relax.Expr, in_shape: Sequence[int], axis, keepdims: bool) -> relax.Expr:
+def keep_reduced_dims(grad: relax.Expr, in_shape: Sequence[int], axis: Axes, keepdims: bool) -> relax.Expr:
     """The gradient of a reduction over ``axis`` reshaped with the reduced dims kept (size 1)."""
     shape = reduced_shape(in_shape, axis)
     if keepdims or shape == ():
@@ -77,18 +80,20 @@ def broadcast_to(grad: relax.Expr, shape: Sequence[int], bb: relax.BlockBuilder)
     return grad if shape_of(grad) == tuple(shape) else relax.op.broadcast_to(grad, shape)
 
 
-def reduced_axes(in_shape: Sequence[int], axis) -> list[int]:
+def reduced_axes(in_shape: Sequence[int], axis: Axes) -> list[int]:
     """The axes a reduction attribute names (``None``: all), non-negative."""
     ndim = len(in_shape)
     return list(range(ndim)) if axis is None else sorted(int(a) % ndim for a in axis)
 
 
-def reduced_shape(in_shape: Sequence[int], axis) -> tuple[int, ...]:
+def reduced_shape(in_shape: Sequence[int], axis: Axes) -> tuple[int, ...]:
+    """The shape of a reduction's result with the reduced dims kept (size 1)."""
     axes = reduced_axes(in_shape, axis)
     return tuple(1 if d in axes else s for d, s in enumerate(in_shape))
 
 
 def swap_last_two(expr: relax.Expr, ndim: int) -> relax.Expr:
+    """Transpose the last two axes (a batched matrix transpose)."""
     axes = list(range(ndim))
     axes[-2], axes[-1] = axes[-1], axes[-2]
     return relax.op.permute_dims(expr, axes)

@@ -29,6 +29,7 @@ _UNARY_OPERANDS = ("x", "data")  # the operand of a one-input elementwise op (no
 
 Shape = tuple[int, ...]
 Key = tuple[int, int]  # (id(node), output index)
+Inferred = tuple[list, list, list]  # per argument, per output, per auxiliary state (None where unknown)
 
 
 @dataclass
@@ -58,7 +59,7 @@ class GraphTypes:
         return [table.get((id(e.node), e.index)) for e in self.symbol.outputs]
 
 
-def infer_shape(symbol: Symbol, known: dict[str, Sequence[int]], partial: bool = False):
+def infer_shape(symbol: Symbol, known: dict[str, Sequence[int]], partial: bool = False) -> Inferred:
     """(arg_shapes, out_shapes, aux_shapes) in ``list_arguments`` / ``list_outputs`` /
     ``list_auxiliary_states`` order; ``partial`` leaves ``None`` where nothing fixes a shape."""
     types = infer(symbol, known, {})
@@ -74,7 +75,7 @@ def infer_shape(symbol: Symbol, known: dict[str, Sequence[int]], partial: bool =
     return arg_shapes, out_shapes, aux_shapes
 
 
-def infer_type(symbol: Symbol, known: dict[str, str]):
+def infer_type(symbol: Symbol, known: dict[str, str]) -> Inferred:
     """(arg_types, out_types, aux_types) as dtype strings."""
     types = infer(symbol, {}, known)
     args, aux = symbol.list_arguments(), symbol.list_auxiliary_states()

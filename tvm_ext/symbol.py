@@ -212,6 +212,7 @@ class Symbol:
         return self.list_arguments() + self.list_auxiliary_states()
 
     def list_outputs(self) -> list[str]:
+        """Names of the outputs: ``<node>_output`` (``<node>_output<i>`` of a multi-output node), a variable's name."""
         return [e.name for e in self.outputs]
 
     def get_internals(self) -> "Symbol":
@@ -269,11 +270,12 @@ class Symbol:
         return f'{{\n  "nodes": [\n{lines}\n  ],\n{tail}\n}}'
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write ``tojson()`` to ``path``."""
         with open(path, "w") as f:
             f.write(self.tojson())
 
     # ---- inference and conversion (tvm_ext.shape_inference, tvm_ext.symbol_to_relax)
-    def infer_shape(self, *args: Sequence[int], **kwargs: Sequence[int]):
+    def infer_shape(self, *args: Sequence[int], **kwargs: Sequence[int]) -> tuple[list, list, list]:
         """(arg_shapes, out_shapes, aux_shapes) from the shapes of some arguments, as in MXNet.
 
         Weight shapes come from the op attributes; raises ``ShapeError`` if some stay unknown.
@@ -281,12 +283,12 @@ class Symbol:
         from tvm_ext.shape_inference import infer_shape
         return infer_shape(self, self._by_name(args, kwargs), partial=False)
 
-    def infer_shape_partial(self, *args: Sequence[int], **kwargs: Sequence[int]):
+    def infer_shape_partial(self, *args: Sequence[int], **kwargs: Sequence[int]) -> tuple[list, list, list]:
         """Like ``infer_shape``, with ``None`` for the shapes that cannot be inferred."""
         from tvm_ext.shape_inference import infer_shape
         return infer_shape(self, self._by_name(args, kwargs), partial=True)
 
-    def infer_type(self, *args: str, **kwargs: str):
+    def infer_type(self, *args: str, **kwargs: str) -> tuple[list, list, list]:
         """(arg_types, out_types, aux_types) as dtype strings; arguments nothing fixes are float32."""
         from tvm_ext.shape_inference import infer_type
         return infer_type(self, self._by_name(args, kwargs))
@@ -404,6 +406,7 @@ def _json_entry(nodes: list[Node], src: int, idx: int, where: str) -> NodeEntry:
 
 
 def load(path: str | os.PathLike) -> Symbol:
+    """The symbol ``Symbol.save`` wrote to ``path``."""
     with open(path) as f:
         return load_json(f.read())
 

@@ -37,10 +37,12 @@ class SGD:
     weight_decay: float = 0.0
 
     def state_vars(self, params: Sequence[relax.Var]) -> list[relax.Var]:
+        """The optimizer state the train step takes and returns: one momentum buffer per parameter."""
         return [relax.Var(f"{p.name}_momentum", p.ty) for p in params] if self.momentum else []
 
     def emit_update(self, bb: relax.BlockBuilder, params: Sequence[relax.Expr], grads: Sequence[relax.Expr],
                     state: Sequence[relax.Var]) -> tuple[list[relax.Expr], list[relax.Expr]]:
+        """Emit the update into ``bb``: (new parameters, new state), in ``params`` / ``state`` order."""
         new_params, new_state = [], []
         for i, (p, g) in enumerate(zip(params, grads)):
             g = _decayed(g, p, self.weight_decay)
@@ -62,11 +64,13 @@ class Adam:
     weight_decay: float = 0.0
 
     def state_vars(self, params: Sequence[relax.Var]) -> list[relax.Var]:
+        """First and second moments per parameter, then the step count."""
         moments = [relax.Var(f"{p.name}_adam_{k}", p.ty) for p in params for k in ("m", "v")]
         return moments + [relax.Var("adam_step", relax.TensorType((), "float32"))]
 
     def emit_update(self, bb: relax.BlockBuilder, params: Sequence[relax.Expr], grads: Sequence[relax.Expr],
                     state: Sequence[relax.Var]) -> tuple[list[relax.Expr], list[relax.Expr]]:
+        """Emit the update into ``bb``: (new parameters, new moments and step count)."""
         step = bb.emit(state[-1] + relax.const(1.0, "float32"), name_hint="adam_step_new")
         new_params, new_state = [], []
         for i, (p, g) in enumerate(zip(params, grads)):
@@ -236,6 +240,7 @@ class Trainer:
         return relax.VirtualMachine(compiled.executable, self._device)
 
     def parameters(self) -> dict[str, np.ndarray]:
+        """The current parameters, as numpy arrays."""
         return {n: t.numpy() for n, t in self.params.items()}
 
     def _tensors(self, data: Sequence[Any]) -> list:
