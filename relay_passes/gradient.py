@@ -101,6 +101,9 @@ def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[re
     if shape_of(target) != ():
         raise InputError(f"Gradient: the target '{_name(target)}' has shape {list(shape_of(target))}; "
                          "it must be a scalar (reduce it with sum or mean)")
+    if not is_float(target):
+        raise InputError(f"Gradient: the target '{_name(target)}' has dtype {target.ty.dtype}; it must be a float "
+                         "scalar (an integer or boolean result has no gradient)")
     live = _reachable(bindings, wrt)
     adj = _Adjoints(bb)
     if target in live:
@@ -229,7 +232,7 @@ def _target_of(func: relax.Function, bindings: Sequence, index: int) -> relax.Ex
 
 
 def is_float(var: relax.Var) -> bool:
-    """Whether a parameter is a float tensor (only those have gradients)."""
+    """Whether a variable is a float tensor (only those have gradients)."""
     return isinstance(var.ty, relax.TensorType) and str(var.ty.dtype).startswith(("float", "bfloat"))
 
 

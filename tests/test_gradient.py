@@ -164,6 +164,15 @@ def test_bad_targets_and_wrt_are_reported():
         bb.emit_func_output(y)
     with pytest.raises(InputError, match="must be a scalar"):
         Gradient()(bb.get())
+    # an integer target (a count) is a step function of x: no gradient to give
+    x = relax.Var("x", relax.TensorType((3,), F64))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            n = bb.emit_output(op.sum(op.astype(op.greater(x, _const(0.0, F64)), "int64")), name_hint="n")
+        bb.emit_func_output(n)
+    with pytest.raises(InputError, match=r"target 'n' has dtype int64; it must be a float"):
+        Gradient()(bb.get())
 
 
 # --------------------------------------------------------------------------- every rule, numerically
