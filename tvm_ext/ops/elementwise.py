@@ -136,6 +136,8 @@ def _grad_silu(call, y, g, bb):
 
 
 unary("relax.nn.silu", lambda x: x * L.sigmoid(x), float_only=True, doc="x * sigmoid(x).", gradient=_grad_silu)
+
+
 def _grad_gelu(call, y, g, bb):
     """Phi(x) + x * phi(x)."""
     x = call.args[0]

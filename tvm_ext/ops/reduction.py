@@ -80,7 +80,6 @@ def _grad_variance(call, y, g, bb):
 REDUCE_GRADIENTS: dict[str, GradientRule] = {"sum": _grad_sum, "max": _grad_extremum, "min": _grad_extremum}
 
 
-
 def _pool_emit(kind: str):
     def emit(bb, inputs, attrs, name):
         """Windows that tile the image are a reshape to (N, C, H/kh, kh, W/kw, kw) and a reduction
