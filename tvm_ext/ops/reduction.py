@@ -5,6 +5,8 @@ pointwise work around it (the 1/N of a mean) stays fusable.
 """
 from __future__ import annotations
 
+import math
+
 from tvm import relax
 
 from tvm_ext import loop_ir as L
@@ -45,16 +47,19 @@ def _spread(call: relax.Call, g: relax.Expr) -> relax.Expr:
     return keep_reduced_dims(g, shape, call.attrs.axis, bool(call.attrs.keepdims))
 
 
+def _reduced_count(call: relax.Call) -> int:
+    """How many input elements each output element of the reduction combines."""
+    shape = shape_of(call.args[0])
+    return math.prod(shape[a] for a in reduced_axes(shape, call.attrs.axis))
+
+
 def _grad_sum(call, y, g, bb):
     return [broadcast_to(_spread(call, g), shape_of(call.args[0]), bb)]
 
 
 def _grad_mean(call, y, g, bb):
-    shape = shape_of(call.args[0])
-    n = 1
-    for a in reduced_axes(shape, call.attrs.axis):
-        n *= shape[a]
-    return [broadcast_to(_spread(call, g) * const(1.0 / n, g), shape, bb)]
+    scaled = _spread(call, g) * const(1.0 / _reduced_count(call), g)
+    return [broadcast_to(scaled, shape_of(call.args[0]), bb)]
 
 
 def _grad_extremum(call, y, g, bb):
@@ -68,13 +73,8 @@ def _grad_extremum(call, y, g, bb):
 def _grad_variance(call, y, g, bb):
     """d var / dx = 2 (x - mean) / N."""
     x = call.args[0]
-    shape = shape_of(x)
-    axes = reduced_axes(shape, call.attrs.axis)
-    n = 1
-    for a in axes:
-        n *= shape[a]
-    centered = x - relax.op.mean(x, axes, keepdims=True)
-    return [centered * (_spread(call, g) * const(2.0 / n, g))]
+    centered = x - relax.op.mean(x, reduced_axes(shape_of(x), call.attrs.axis), keepdims=True)
+    return [centered * (_spread(call, g) * const(2.0 / _reduced_count(call), g))]
 
 
 REDUCE_GRADIENTS: dict[str, GradientRule] = {"sum": _grad_sum, "max": _grad_extremum, "min": _grad_extremum}
