@@ -185,7 +185,7 @@ def tune_metaschedule(task: Task, trials: int, per_iter: int, workdir: str, smal
     if sch is None:
         raise RuntimeError(f"MetaSchedule found no valid schedule for {task.name} in {trials} trials")
     return {"func": sch.mod["main"], "wall_s": wall, "trials": len(records), "failed": len(records) - len(found),
-            "found_ms": min(found)}
+            "found_ms": min(found), "trace": str(sch.trace)}
 
 
 # ---------------------------------------------------------------------- ours
