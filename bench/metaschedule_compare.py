@@ -1,12 +1,13 @@
 """Our tuner against TVM's MetaSchedule: the same kernels, trial budget, target, threads and runner.
 
-    python bench/metaschedule_compare.py                       # softmax and matmul+bias+GELU, 64 trials
+    python bench/metaschedule_compare.py                       # softmax and matmul+bias+ReLU, 64 trials
     python bench/metaschedule_compare.py --trials 32 --kernels softmax --json out.json
     python bench/metaschedule_compare.py --quick               # small shapes, 8 trials: a smoke run
 
 The kernels come from tvm_ext's own pipeline (``tvm_ext.tuning.tasks_of``): the fused softmax
 of ``BUILTIN_MODELS['softmax']`` (1024 x 1024) and relu(x @ w + b) of a one-layer MLP
-(256 x 512 @ 512 x 512). Each is tuned twice for ``--trials`` measurements:
+(256 x 512 @ 512 x 512), their expression ``Let``s inlined (``inline_lets``: MetaSchedule
+cannot take them). Each is tuned twice for ``--trials`` measurements:
 
 * by MetaSchedule (``ms.tune_tir``: post-order-apply space, evolutionary search, XGBoost cost
   model), ``--ms-per-iter`` candidates per round. Two changes from stock, both so that it can
@@ -18,10 +19,11 @@ of ``BUILTIN_MODELS['softmax']`` (1024 x 1024) and relu(x @ w + b) of a one-laye
   candidate included in the trials; without its closing re-check of best against heuristic
   (``verify``; MetaSchedule has none), as the re-measurement below does that for both.
 
-Both time each trial as our tuner does (``tvm_ext.tuning.TUNING_TIMING``: 5 repeats of at least
-10 ms each). Wall times cover building the builder and
-runner, the search and the measurements; MetaSchedule's one-time import of the tensor
-intrinsics (``TuneContext`` does it in this process) is timed once and reported apart.
+Both time each trial as our tuner does (``tvm_ext.tuning.TUNING_TIMING``: 5 repeats of at
+least 10 ms each). Wall times cover starting the builder and runner, the search and the
+measurements; MetaSchedule's one-time import of the tensor intrinsics (``TuneContext`` does it
+in this process: 25-98 s here) is timed once and reported apart. ``--quick`` also shrinks
+MetaSchedule's search and registers only the x86 intrinsics (``x86_intrinsics_only``).
 
 Then each tuner's best schedule, our untuned heuristic schedule and TVM's unscheduled kernel are
 checked against each other on random inputs and timed again side by side with one runner

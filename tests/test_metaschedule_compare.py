@@ -1,6 +1,7 @@
 """bench/metaschedule_compare.py: its kernels and side-by-side re-measurement (fast), and its
-``--quick`` run end to end (slow: MetaSchedule alone took 29-41 s per 8-trial kernel here, with
-a small search and the x86-only intrinsics, so the smoke run takes about 2 min on 2 cores)."""
+``--quick`` run end to end (slow: MetaSchedule's part alone took 21-41 s per 8-trial kernel
+here, with a small search and the x86-only intrinsics; this one-kernel run took 44-60 s on 2
+busy cores, both kernels 112 s)."""
 from __future__ import annotations
 
 import importlib.util
