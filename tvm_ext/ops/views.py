@@ -31,22 +31,19 @@ def _grad_permute_dims(call, y, g, bb):
 
 def _grad_take(call, y, g, bb):
     """Scatter-add of the adjoint at the taken positions: TVM's take_backward, which wants a
-    non-negative axis and 1-d in-range indices, on the flattened indices (wrapped as ``mode`` says)."""
+    non-negative axis and 1-d in-range indices, on the flattened indices (wrapped as ``mode`` says).
+    Relax's take without an axis reads 1-d data, which is axis 0."""
     x, indices = call.args
     shape = shape_of(x)
     axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % len(shape)
-    src = (math.prod(shape),) if call.attrs.axis is None else shape  # axis None: x is read flat
-    n, count = src[axis], math.prod(shape_of(indices))
+    n, count = shape[axis], math.prod(shape_of(indices))
     flat = relax.op.reshape(indices, (count,))
     if str(call.attrs.mode) == "clip":
         flat = relax.op.clip(flat, 0, n - 1)
     else:  # fast (negative indices count from the end) and wrap
         flat = relax.op.floor_mod(flat, relax.const(n, dtype_of(indices)))
-    grad = relax.op.reshape(g, src[:axis] + (count,) + src[axis + 1:])
-    if src == shape:
-        return [relax.op.grad.take_backward(grad, x, flat, axis), None]
-    dx = relax.op.grad.take_backward(grad, relax.op.reshape(x, src), flat, axis)
-    return [relax.op.reshape(dx, shape), None]
+    grad = relax.op.reshape(g, shape[:axis] + (count,) + shape[axis + 1:])
+    return [relax.op.grad.take_backward(grad, x, flat, axis), None]
 
 
 @register_op("relax.broadcast_to", OpPattern.BROADCAST,
