@@ -11,8 +11,7 @@ import torch
 import tvm_ffi
 
 import tvm_ext
-from tvm_ext import InputError
-from tvm_ext import sym
+from tvm_ext import InputError, sym
 
 
 def _random_inputs(net, shapes, seed=0):

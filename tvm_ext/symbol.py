@@ -43,7 +43,7 @@ class Node:
     op: str | None  # name of the op in this module's table; None for a variable
     name: str
     attrs: dict[str, Any] = field(default_factory=dict)  # op attributes (variables: shape/dtype hints)
-    inputs: list["NodeEntry"] = field(default_factory=list)
+    inputs: list[NodeEntry] = field(default_factory=list)
     user_attrs: dict[str, str] = field(default_factory=dict)  # free attributes: ctx_group, lr_mult, ...
     num_outputs: int = 1
 
@@ -94,7 +94,7 @@ class AttrScope:
     def current() -> dict[str, str]:
         return dict(getattr(_SCOPE, "attrs", {}))
 
-    def __enter__(self) -> "AttrScope":
+    def __enter__(self) -> AttrScope:
         self._saved = AttrScope.current()
         _SCOPE.attrs = {**self._saved, **self.attrs}
         return self
@@ -149,10 +149,10 @@ class Symbol:
     def __len__(self) -> int:
         return len(self.outputs)
 
-    def __iter__(self) -> Iterator["Symbol"]:
+    def __iter__(self) -> Iterator[Symbol]:
         return (Symbol([e]) for e in self.outputs)
 
-    def __getitem__(self, key: int | str) -> "Symbol":
+    def __getitem__(self, key: int | str) -> Symbol:
         """One output, by position or by its ``list_outputs()`` name."""
         if isinstance(key, str):
             names = self.list_outputs()
@@ -215,7 +215,7 @@ class Symbol:
         """Names of the outputs: ``<node>_output`` (``<node>_output<i>`` of a multi-output node), a variable's name."""
         return [e.name for e in self.outputs]
 
-    def get_internals(self) -> "Symbol":
+    def get_internals(self) -> Symbol:
         """Every output of every node, as one group (to take an intermediate as an output)."""
         return Symbol([NodeEntry(n, i) for n in self.topo_nodes() for i in range(n.num_outputs)])
 
