@@ -211,14 +211,16 @@ class _Lowering:
             self.memory[var] = self.kb.add_input(var.name, shape, dtype)
         return self.memory[var]
 
-    def _merge(self, kids: set) -> int | None:
-        """One kernel for the given ones (None when merging would create a cycle)."""
+    def _merge(self, kids: set, joining: set) -> int | None:
+        """One kernel for the given ones and the nodes ``joining`` them (a reader and what it
+        recomputes); None when that would create a cycle: a path from the kernel through other
+        kernels back into it."""
         kids = {k for k in kids if k is not None}
         if not kids:
             return None
         keep = min(kids)
-        union = set().union(*(self.plan.kernels[k].nodes for k in kids))
-        if len(kids) > 1 and not _convex(self.g, union):
+        union = set().union(*(self.plan.kernels[k].nodes for k in kids)) | joining
+        if not _convex(self.g, union):
             return None
         for k in sorted(kids - {keep}):
             other = self.plan.kernels.pop(k)
@@ -286,8 +288,8 @@ class _Lowering:
             if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                 joined.add(box.kernel)
             values[v] = box.value
-        kernel = self._merge(joined)
-        if kernel is None and len({k for k in joined if k is not None}) > 1:
+        kernel = self._merge(joined, members)
+        if kernel is None and any(k is not None for k in joined):
             for v, value in list(values.items()):  # cannot join them all: read them from memory
                 i = g.index_of.get(v)
                 box = self.plan.boxes.get(i) if i is not None else None
