@@ -29,15 +29,8 @@ from schedules.features import (
     per_store_features,
 )
 from schedules.history import pooled_best, pooled_ms, pooled_times
-from schedules.search_space import (
-    Candidate,
-    apply_candidate,
-    candidate_key,
-    enumerate_space,
-    heuristic_candidate,
-    sample_space,
-    space_bound,
-)
+from schedules.search_space import (Candidate, apply_candidate, candidate_key, enumerate_space,
+                                    heuristic_candidate, sample_space, space_bound)
 from schedules.tasks import Task
 
 

@@ -24,14 +24,8 @@ from schedules.cost_model import (
 )
 from schedules.database import TuningDatabase
 from schedules.features import NAMES, candidate_features
-from schedules.search_space import (
-    apply_candidate,
-    candidate_key,
-    enumerate_space,
-    heuristic_candidate,
-    sample_space,
-    space_bound,
-)
+from schedules.search_space import (apply_candidate, candidate_key, enumerate_space, heuristic_candidate,
+                                    sample_space, space_bound)
 from schedules.tasks import extract_tasks, kernel_key
 from schedules.tuner import TuneOptions, Tuner
 from tvm_ext.pipeline import Pipeline
