@@ -22,12 +22,7 @@ import tvm
 
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
 from schedules.database import TuningDatabase, TuningRecord
-from schedules.features import (
-    NAMES,
-    PER_STORE_LENGTH,
-    candidate_features,
-    per_store_features,
-)
+from schedules.features import NAMES, PER_STORE_LENGTH, candidate_features, per_store_features
 from schedules.history import pooled_best, pooled_ms, pooled_times
 from schedules.search_space import (Candidate, apply_candidate, candidate_key, enumerate_space,
                                     heuristic_candidate, sample_space, space_bound)
