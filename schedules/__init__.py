@@ -2,9 +2,14 @@
 
 ``axes`` holds the ImplGraph axis model, ``builder`` the ScheduleResult / ScheduleGroup and
 the builder policies use, ``policies`` the schedule policies with their knobs, and
-``heuristic`` the untuned choice of one ScheduleResult per kernel.
+``heuristic`` the untuned choice of one ScheduleResult per kernel. The tuner chooses among
+the policies' results by measuring: ``tasks``, ``search_space``, ``features``,
+``cost_model``, ``tuner``, ``measure`` / ``workers``, ``database``, and ``history`` (the
+best records, which ``ScheduleKernels`` applies in place of the heuristic's choice).
 """
 from __future__ import annotations
+
+import warnings
 
 import tvm
 from tvm import tirx
@@ -52,13 +57,15 @@ class ScheduleKernels:
     def _tuned(self, func: tirx.PrimFunc, machine: Machine, name: str) -> ScheduleResult | None:
         from schedules.search_space import CandidateError, apply_candidate
 
-        candidate = self.history.lookup(func, name) if self.history is not None else None
+        candidate = self.history.lookup(func) if self.history is not None else None
         if candidate is None:
             return None
         try:
             return apply_candidate(func, machine, candidate, name)
         except CandidateError as err:  # a record from another version of the policies
             self.fallbacks.append((name, str(err)))
+            warnings.warn(f"the tuning record of kernel {name} does not apply ({err}); it keeps the heuristic's "
+                          "schedule (tune it again to replace the record)", stacklevel=2)
             return None
 
 

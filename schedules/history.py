@@ -41,15 +41,12 @@ def pooled_ms(records: list[TuningRecord], candidate: Candidate) -> float:
 
 
 class ApplyHistoryBest:
-    """The best recorded candidate of each kernel for one target; counts what it served."""
+    """The best recorded candidate of each kernel for one target."""
 
     def __init__(self, db: TuningDatabase | str | os.PathLike, target):
         self.db = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
         self.target = target_key(target)
-        self.hits: list[str] = []
-        self.misses: list[str] = []
 
-    def lookup(self, func: tirx.PrimFunc, name: str) -> Candidate | None:
+    def lookup(self, func: tirx.PrimFunc) -> Candidate | None:
         best = pooled_best(self.db.records(kernel_key(func), self.target))
-        (self.hits if best is not None else self.misses).append(name)
         return None if best is None else best[0]

@@ -56,8 +56,7 @@ class CandidateError(ValueError):
     """A candidate that does not apply to this kernel."""
 
 
-def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048,
-                    seed: int = 0) -> list[tuple[Candidate, ScheduleResult]]:
+def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048) -> list[tuple[Candidate, ScheduleResult]]:
     """Every candidate that applies, with its ScheduleResult, in a stable order.
 
     Blocks are scheduled in order, as the heuristic does; each unclaimed block takes one of

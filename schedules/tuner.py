@@ -69,9 +69,10 @@ class TuneSummary:
     quality: dict = field(default_factory=dict)
 
     def table(self) -> str:
-        rows = [f"{'task':44s} {'calls':>5s} {'trials':>6s} {'heuristic ms':>12s} {'best ms':>9s} {'speed-up':>8s}"]
+        rows = [f"{'task':44s} {'calls':>5s} {'trials':>6s} {'failed':>6s} {'heuristic ms':>12s} {'best ms':>9s} "
+                f"{'speed-up':>8s}"]
         for o in self.outcomes:
-            rows.append(f"{o.task.name[:44]:44s} {o.task.weight:5d} {o.trials:6d} {o.heuristic_ms:12.4f} "
+            rows.append(f"{o.task.name[:44]:44s} {o.task.weight:5d} {o.trials:6d} {o.failures:6d} {o.heuristic_ms:12.4f} "
                         f"{o.best_ms:9.4f} {o.speedup:7.2f}x")
         before = sum(o.task.weight * o.heuristic_ms for o in self.outcomes if math.isfinite(o.heuristic_ms))
         after = sum(o.task.weight * min(o.best_ms, o.heuristic_ms) for o in self.outcomes

@@ -204,3 +204,15 @@ def test_command_line_tunes_then_compiles_from_the_records(tmp_path, capsys):
     assert len(TuningDatabase(db)) >= 3
     assert main(["compile", "elementwise_chain", "--db", db]) == 0
     assert "tuned schedules from" in capsys.readouterr().out
+
+
+def test_a_record_that_no_longer_applies_warns_and_keeps_the_heuristic(tasks, tmp_path):
+    from schedules.database import TuningRecord
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    task = tasks[0]
+    db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": [["keep_2d@no_such_block", {}]]},
+                           times_ms=[0.001]))
+    with pytest.warns(UserWarning, match=f"tuning record of kernel {task.name} does not apply"):
+        compiled = tvm_ext.compile(_model(), tuning_db=db)
+    x = np.random.default_rng(2).standard_normal((6, 40)).astype("float32")
+    np.testing.assert_allclose(compiled(x), _reference(x), rtol=1e-4, atol=1e-4)
