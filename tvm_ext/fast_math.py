@@ -26,6 +26,14 @@ def _f(value: float) -> PrimExpr:
     return tirx.const(value, "float32")
 
 
+def _horner(coeffs: tuple[float, ...], x: PrimExpr) -> PrimExpr:
+    """The polynomial with ``coeffs`` (highest degree first) at ``x``, by Horner's rule."""
+    p = _f(coeffs[0])
+    for c in coeffs[1:]:
+        p = p * x + _f(c)
+    return p
+
+
 class _Lets:
     """Binds the values a form uses many times to variables (a ``Let`` each, around the
     form's result), so an argument is computed once however often the formula reads it.
@@ -55,9 +63,7 @@ def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
     xc = lets(tirx.Min(tirx.Max(x, _f(EXP_MIN)), _f(EXP_MAX)), "xc")
     n = lets(te.floor(xc * _f(_LOG2E) + _f(0.5)), "n")
     r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
-    p = _f(_EXP_POLY[0])
-    for c in _EXP_POLY[1:]:
-        p = p * r + _f(c)
+    p = _horner(_EXP_POLY, r)
     y = p * (r * r) + r + _f(1.0)
     # 2^(n-1) * 2 keeps the exponent field in range for n up to 128 (x near EXP_MAX)
     bits = tirx.shift_left(tirx.Cast("int32", n) + tirx.const(126, "int32"), tirx.const(23, "int32"))
@@ -96,9 +102,7 @@ def log(x: PrimExpr, let: bool = False) -> PrimExpr:
     e = lets(tirx.Select(small, e - _f(1.0), e), "e")
     f = lets(tirx.Select(small, m + m - _f(1.0), m - _f(1.0)), "f")
     z = lets(f * f, "z")
-    p = _f(_LOG_POLY[0])
-    for c in _LOG_POLY[1:]:
-        p = p * f + _f(c)
+    p = _horner(_LOG_POLY, f)
     y = p * f * z + e * _f(_C2) - _f(0.5) * z
     out = f + y + e * _f(_C1)
     out = tirx.Select(x == _f(0.0), _f(float("-inf")), out)
@@ -117,9 +121,7 @@ def tanh(x: PrimExpr, let: bool = False) -> PrimExpr:
     x = lets(x, "x")
     ax = lets(tirx.Select(x < _f(0.0), -x, x), "ax")
     z = lets(x * x, "z")
-    p = _f(_TANH_POLY[0])
-    for c in _TANH_POLY[1:]:
-        p = p * z + _f(c)
+    p = _horner(_TANH_POLY, z)
     small = p * z * x + x
     big = lets(_f(1.0) - _f(2.0) / (exp(ax + ax, let) + _f(1.0)), "big")
     big = tirx.Select(x < _f(0.0), -big, big)
@@ -142,16 +144,12 @@ def erf(x: PrimExpr, let: bool = False) -> PrimExpr:
     x = lets(x, "x")
     ax = lets(tirx.Select(x < _f(0.0), -x, x), "ax")
     z = lets(x * x, "z")
-    p = _f(_ERF_SMALL[0])
-    for c in _ERF_SMALL[1:-1]:
-        p = p * z + _f(c)
+    p = _horner(_ERF_SMALL[:-1], z)
     # x * P(z) = x + x * (P(z) - 1): the small correction rounds on its own, x stays exact
     small = x + x * (p * z + _f(_ERF_SMALL[-1] - 1.0))
     axc = lets(tirx.Min(tirx.Max(ax, _f(1.0)), _f(3.92)), "axc")
     t = lets(_f(1.0) / axc, "t")
-    q = _f(_ERFC_LARGE[0])
-    for c in _ERFC_LARGE[1:]:
-        q = q * t + _f(c)
+    q = _horner(_ERFC_LARGE, t)
     large = lets(_f(1.0) - exp(-(axc * axc), let) * q, "large")
     large = tirx.Select(ax > _f(3.92), _f(1.0), large)
     large = tirx.Select(x < _f(0.0), -large, large)
