@@ -6,6 +6,7 @@ without its attributes, plus the target. The tuning database is indexed by that 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import tvm
@@ -27,8 +28,9 @@ class Task:
     weight: int = 1  # how many calls of the model run it
     fuse_epilogue: bool = True  # what the heuristic does with an anchor's epilogue
 
-    @property
+    @functools.cached_property
     def machine(self) -> Machine:
+        """The target as schedules see it (read once: every candidate applied asks for it)."""
         return Machine.for_target(tvm.target.Target(self.target))
 
 

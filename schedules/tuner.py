@@ -113,7 +113,7 @@ class Tuner:
             heur = heuristics[o.task.key] = heuristic_candidate(o.task.func, o.task.machine, o.task.fuse_epilogue)
             if candidate_key(heur) not in self._measured(o.task):
                 self._measure(o, [(heur, apply_candidate(o.task.func, o.task.machine, heur, o.task.name))])
-            o.heuristic_ms = self._known_ms(o.task, heur)
+            o.heuristic_ms = pooled_ms(self.db.records(o.task.key, o.task.target), heur)
         budgets = self._budgets(outcomes)
         for i, (o, budget) in enumerate(zip(outcomes, budgets)):
             self._tune_task(o, budget, f"task {i + 1}/{len(outcomes)}")
@@ -226,12 +226,6 @@ class Tuner:
 
     def _measured(self, task: Task) -> set[str]:
         return {candidate_key(r.candidate["steps"]) for r in self.db.records(task.key, task.target)}
-
-    def _known_ms(self, task: Task, c: Candidate) -> float:
-        key = candidate_key(c)
-        times = [r.median_ms for r in self.db.records(task.key, task.target)
-                 if candidate_key(r.candidate["steps"]) == key]
-        return min(times, default=math.inf)
 
     def _best_known(self, task: Task) -> tuple[Candidate, float] | None:
         return pooled_best(self.db.records(task.key, task.target))
