@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from schedules.analysis import REDUCE
@@ -72,6 +73,7 @@ class ScheduleBuilder:
     sch: s_tir.Schedule = field(init=False)
     groups: dict[str, ScheduleGroup] = field(init=False, default_factory=dict)
     choices: list = field(init=False, default_factory=list)
+    into_output: list = field(init=False, default_factory=list)  # (scratch, output) buffer names
 
     def __post_init__(self):
         self.sch = s_tir.Schedule(tvm.IRModule({"main": self.func}))
@@ -134,6 +136,32 @@ class ScheduleBuilder:
         """Hoist the reduction's initialization out of ``axis``."""
         self.sch.decompose_reduction(self.sch.get_sblock(name), self.impl(name).loops[axis])
 
+    def write_into_output(self, name: str) -> bool:
+        """Let block ``name`` write its full-size result into the kernel's output, which the
+        last block then updates in place (softmax's exp rows): no scratch buffer, and no
+        allocation per row. Applies when the last block reads that result only at the element
+        it writes; the caller guarantees that all stages run one row at a time under shared
+        loops (the persistent-row form), so that no row is overwritten before it is read."""
+        names = self.block_names()
+        last = self.block(names[-1])
+        block = self.block(name)
+        if name == names[-1] or len(block.writes) != 1 or len(last.writes) != 1:
+            return False
+        tmp, out = block.writes[0].source, last.writes[0].source
+        root = self.sch.get(self.sch.get_sblock("root"))
+        if not any(b.same_as(tmp) for b in root.alloc_buffers) or \
+                not any(p.same_as(out) for p in self.sch.mod["main"].params):
+            return False
+        if tmp.dtype != out.dtype or [int(d) for d in tmp.shape] != [int(d) for d in out.shape]:
+            return False
+        if any(self.block(n).writes[0].source.same_as(out) for n in names[:-1]):
+            return False
+        reads = [r for r in last.reads if r.source.same_as(tmp)]
+        if len(reads) != 1 or not tvm_ffi.structural_equal(reads[0].region, last.writes[0].region):
+            return False
+        self.into_output.append((tmp.name, out.name))
+        return True
+
     def _rebind_under(self, name: str, target: str, axis: str) -> None:
         owner = self.impl(target)
         shared = owner.axis[:owner.index(axis) + 1]
@@ -153,6 +181,7 @@ class ScheduleBuilder:
                            unrolled=list(g.impl.unrolled), loops=dict(g.impl.loops), sch=other.sch)
             other.groups[name] = ScheduleGroup(g.block, impl, g.role)
         other.choices = list(self.choices)
+        other.into_output = list(self.into_output)
         return other
 
     # ------------------------------------------------------------------ result
@@ -162,7 +191,24 @@ class ScheduleBuilder:
     def result(self, kernel: str) -> ScheduleResult:
         order = self.block_names()
         groups = sorted(self.groups.values(), key=lambda g: order.index(g.block) if g.block in order else len(order))
-        return ScheduleResult(kernel, list(self.choices), groups, self.sch.mod["main"], str(self.sch.trace))
+        func = self.sch.mod["main"]
+        for tmp, out in self.into_output:
+            func = _alias_to_output(func, tmp, out)
+        return ScheduleResult(kernel, list(self.choices), groups, func, str(self.sch.trace))
+
+
+def _alias_to_output(func: tirx.PrimFunc, tmp_name: str, out_name: str) -> tirx.PrimFunc:
+    """``func`` with its root scratch buffer ``tmp_name`` replaced everywhere by its output
+    parameter ``out_name``: the scratch buffer becomes a parameter, which ``specialize`` binds."""
+    realize = func.body
+    root = realize.block
+    tmp = next(b for b in root.alloc_buffers if b.name == tmp_name)
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body, root.init,
+                        [b for b in root.alloc_buffers if not b.same_as(tmp)], root.match_buffers,
+                        root.annotations)
+    body = s_tir.SBlockRealize(realize.iter_values, realize.predicate, root)
+    widened = tirx.PrimFunc([*func.params, tmp], body, func.ret_type, func.attrs)
+    return widened.specialize({tmp: next(p for p in func.params if p.name == out_name)})
 
 
 def _loop_kinds(sch: s_tir.Schedule, block, loops) -> list[bool]:

@@ -420,6 +420,10 @@ class PersistentRows(Policy):
                 tail = impl.merge_all(own) if len(own) > 1 else own[0]
                 self.vectorize_tail(builder, name, tail, vector_factor(impl[tail].size, vector))
                 builder.groups[name].role = builder.groups[name].role or "row stage"
+        for name in reversed(names[:-1]):  # a full-size stage the output row reads element-wise
+            if builder.write_into_output(name):
+                builder.groups[name].role = "row stage, in the output"
+                break
         if info.size >= self.machine.parallel_min_elems and self.machine.cores > 1:
             builder.impl(out).mark_parallel(row)
         return names + list(partials.values())

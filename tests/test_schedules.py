@@ -164,10 +164,38 @@ def test_every_policy_candidate_matches_the_unscheduled_kernel(policy_cls, block
             policy.apply(builder, info, knobs)
         except (ValueError, RuntimeError):
             continue  # a candidate TVM rejects is skipped by the heuristic and the tuner too
-        (got,) = _run(builder.sch.mod["main"], inputs, [out_shape])
+        (got,) = _run(builder.result("k").func, inputs, [out_shape])
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4, err_msg=str(knobs))
         tried += 1
     assert tried >= 1
+
+
+def _exp_rows(cols, reversed_read):
+    """e = exp(A); s = row sums of e; out = e / s, reading e's row backwards if asked."""
+    A = te.placeholder((5, cols), "float32", name="A")
+    E = te.compute((5, cols), lambda i, j: te.exp(A[i, j]), name="E")
+    k = te.reduce_axis((0, cols), name="k")
+    S = te.compute((5, 1), lambda i, _: te.sum(E[i, k], axis=k), name="S")
+    out = te.compute((5, cols), lambda i, j: E[i, cols - 1 - j if reversed_read else j] / S[i, 0], name="O")
+    return te.create_prim_func([A, out])
+
+
+@pytest.mark.parametrize("reversed_read", [False, True])
+def test_persistent_rows_writes_a_stage_into_the_output_only_when_read_element_by_element(reversed_read):
+    # out[i, j] = e[i, j] / s[i]: e's rows can live in the output (no scratch buffer); read
+    # backwards, the output would overwrite e[i, cols-1-j] before reading it: keep the scratch
+    func = _exp_rows(37, reversed_read)
+    a = np.random.default_rng(0).standard_normal((5, 37)).astype("float32")
+    e = np.exp(a)
+    want = (e[:, ::-1] if reversed_read else e) / e.sum(1, keepdims=True)
+    builder = ScheduleBuilder(func)
+    assert PersistentRows(MACHINE).applies(block_infos(builder.sch)[-1], builder)
+    PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1], {"vector": 16})
+    result = builder.result("k")
+    scratch = [b.name for b in result.func.body.block.alloc_buffers if [int(d) for d in b.shape] == [5, 37]]
+    assert (builder.into_output, scratch) == (([], ["E"]) if reversed_read else ([("E", "O")], []))
+    (got,) = _run(result.func, [a], [(5, 37)])
+    np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 def test_policies_are_listed():

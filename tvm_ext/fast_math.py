@@ -20,6 +20,9 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
              5.0000001201e-1)
 EXP_MAX = 88.72283172607421875  # the largest float32 whose exp is finite; above: +inf
 EXP_MIN = -86.64  # below: 0 (the result would be below 2^-125; denormals are flushed)
+_EXP_CLAMP = 89.0  # above EXP_MAX and small enough that 2^n stays a float: exp overflows to +inf
+_ROUNDER = 12582912.0  # 1.5 * 2^23
+_ROUNDER_BITS = 0x4B400000  # its bits
 
 
 def _f(value: float) -> PrimExpr:
@@ -57,20 +60,25 @@ class _Lets:
 
 
 def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
-    """exp for float32; relative error below 2e-7 on [EXP_MIN, EXP_MAX]."""
+    """exp for float32; relative error below 2e-7 on [EXP_MIN, EXP_MAX], +inf above, 0 below."""
     lets = _Lets(let)
     x = lets(x, "x")
-    xc = lets(tirx.Min(tirx.Max(x, _f(EXP_MIN)), _f(EXP_MAX)), "xc")
-    n = lets(te.floor(xc * _f(_LOG2E) + _f(0.5)), "n")
+    # Clamp with selects a NaN passes through (it compares false both ways), so NaN stays NaN
+    # with no test of its own; above EXP_MAX the result overflows to +inf by itself.
+    xc = tirx.Select(x < _f(EXP_MIN), _f(EXP_MIN), x)
+    xc = lets(tirx.Select(xc > _f(_EXP_CLAMP), _f(_EXP_CLAMP), xc), "xc")
+    # n = round(x log2 e) by the float adder: adding 1.5 * 2^23 leaves n in the low bits of t's
+    # mantissa. (Read back through the bits: TVM's simplifier would fold a float (t - 1.5 * 2^23).)
+    t = lets(tirx.reinterpret("int32", xc * _f(_LOG2E) + _f(_ROUNDER)), "t", "int32")
+    n = lets(tirx.Cast("float32", t - tirx.const(_ROUNDER_BITS, "int32")), "n")
     r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
     p = _horner(_EXP_POLY, r)
     y = p * (r * r) + r + _f(1.0)
-    # 2^(n-1) * 2 keeps the exponent field in range for n up to 128 (x near EXP_MAX)
-    bits = tirx.shift_left(tirx.Cast("int32", n) + tirx.const(126, "int32"), tirx.const(23, "int32"))
+    # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent), times 2:
+    # keeps the field in range for n up to 129
+    bits = tirx.shift_left(t + tirx.const(126, "int32"), tirx.const(23, "int32"))
     scaled = y * tirx.reinterpret("float32", bits) * _f(2.0)
-    out = tirx.Select(x < _f(EXP_MIN), _f(0.0), scaled)
-    out = tirx.Select(x > _f(EXP_MAX), _f(float("inf")), out)
-    return lets.wrap(tirx.Select(tirx.isnan(x), x, out))  # NaN stays NaN
+    return lets.wrap(tirx.Select(x < _f(EXP_MIN), _f(0.0), scaled))
 
 
 def sigmoid(x: PrimExpr, let: bool = False) -> PrimExpr:
