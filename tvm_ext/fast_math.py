@@ -7,7 +7,7 @@ uses them for float32 unless the kernel asks for exact math (``compile(exact_mat
 """
 from __future__ import annotations
 
-from tvm import te, tirx
+from tvm import tirx
 
 PrimExpr = tirx.Expr
 
