@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 SPATIAL, REDUCE = 0, 2
@@ -99,3 +100,18 @@ def vector_factor(n: int, lanes: int) -> int:
             return f
         f //= 2
     return 0
+
+
+_ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Min, tirx.Max, tirx.Select, tvm.ir.Call)
+
+
+def arithmetic_ops(stmt) -> int:
+    """How many arithmetic operations one execution of ``stmt`` (a block body) evaluates."""
+    count = 0
+
+    def seen(_):
+        nonlocal count
+        count += 1
+
+    tvm_ffi.structural_walk(stmt, (_ARITHMETIC, seen))
+    return count

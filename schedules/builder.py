@@ -12,6 +12,7 @@ the ImplGraphs of the blocks whose loops TVM regenerated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import tvm
@@ -74,6 +75,7 @@ class ScheduleBuilder:
     groups: dict[str, ScheduleGroup] = field(init=False, default_factory=dict)
     choices: list = field(init=False, default_factory=list)
     into_output: list = field(init=False, default_factory=list)  # (scratch, output) buffer names
+    prefetches: list = field(init=False, default_factory=list)  # (block, axis, (row block, row axis), rows)
 
     def __post_init__(self):
         self.sch = s_tir.Schedule(tvm.IRModule({"main": self.func}))
@@ -162,6 +164,13 @@ class ScheduleBuilder:
         self.into_output.append((tmp.name, out.name))
         return True
 
+    def prefetch_next_row(self, block: str, axis: str, row: tuple[str, str], rows: int) -> None:
+        """While ``block``'s loop ``axis`` walks a row (one vector an iteration), fetch the
+        same place of the next row of every input shaped like the output (whose first ``rows``
+        dimensions are the rows ``row`` = (block, axis) walks) into the cache, so that the next
+        row's loads overlap this row's arithmetic instead of following it."""
+        self.prefetches.append((block, axis, row, rows))
+
     def _rebind_under(self, name: str, target: str, axis: str) -> None:
         owner = self.impl(target)
         shared = owner.axis[:owner.index(axis) + 1]
@@ -182,6 +191,7 @@ class ScheduleBuilder:
             other.groups[name] = ScheduleGroup(g.block, impl, g.role)
         other.choices = list(self.choices)
         other.into_output = list(self.into_output)
+        other.prefetches = list(self.prefetches)
         return other
 
     # ------------------------------------------------------------------ result
@@ -194,7 +204,42 @@ class ScheduleBuilder:
         func = self.sch.mod["main"]
         for tmp, out in self.into_output:
             func = _alias_to_output(func, tmp, out)
+        for block, axis, (row_block, row_axis), rows in self.prefetches:
+            impl = self.impl(block)
+            span = math.prod(a.size for a in impl.axis[impl.index(axis) + 1:])
+            loop = self.sch.get(impl.loops[axis]).loop_var
+            row = self.sch.get(self.impl(row_block).loops[row_axis]).loop_var
+            func = _prefetch_next_row(func, loop, span, row, rows)
         return ScheduleResult(kernel, list(self.choices), groups, func, str(self.sch.trace))
+
+
+def _prefetch_next_row(func: tirx.PrimFunc, loop: tirx.Var, span: int, row: tirx.Var, rows: int) -> tirx.PrimFunc:
+    """``func`` with a prefetch at the top of ``loop``'s body for each input shaped like the
+    output: element ``loop * span`` of row ``row + 1`` (the last row prefetches itself)."""
+    out = func.params[-1]
+    shape = [int(d) for d in out.shape]
+    n_rows, n_cols = math.prod(shape[:rows]), math.prod(shape[rows:])
+    inputs = [p for p in func.params[:-1] if [int(d) for d in p.shape] == shape and p.dtype == out.dtype]
+    if not inputs:
+        return func
+    flat = tirx.Min(row + 1, n_rows - 1) * n_cols + loop * span
+    index, rest = [], flat
+    for extent in reversed(shape):
+        index.append(tirx.floormod(rest, extent))
+        rest = tirx.floordiv(rest, extent)
+    index.reverse()
+    # llvm.prefetch(address, read, high locality, data cache); a prefetch never faults
+    hints = [tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0",
+                                                 tirx.address_of(tirx.BufferLoad(b, index)), 0, 3, 1))
+             for b in inputs]
+
+    def visit(node: tirx.For) -> tirx.For:
+        if not node.loop_var.same_as(loop):
+            return node
+        return tirx.For(node.loop_var, node.min, node.extent, node.kind, tirx.SeqStmt([*hints, node.body]),
+                        node.thread_binding, node.annotations)
+
+    return tvm_ffi.structural_map(func, (tirx.For, visit))
 
 
 def _alias_to_output(func: tirx.PrimFunc, tmp_name: str, out_name: str) -> tirx.PrimFunc:

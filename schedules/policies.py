@@ -14,7 +14,7 @@ import itertools
 import math
 from typing import Iterator
 
-from schedules.analysis import BlockInfo, Machine, vector_factor
+from schedules.analysis import BlockInfo, Machine, arithmetic_ops, vector_factor
 from schedules.builder import ScheduleBuilder
 
 
@@ -358,7 +358,10 @@ class RegisterTiledAnchor(Policy):
 class PersistentRows(Policy):
     """A normalization kernel (softmax, layer norm ...): every stage of one row under one
     loop, the row reductions keeping vector partial sums, the rows across the cores. The
-    row is read from memory once and stays in cache between stages."""
+    row is read from memory once and stays in cache between stages. A full-size stage the
+    output reads element-wise (softmax's exp) is written into the output, and its partial
+    sums are taken in its own loop. Knob ``prefetch``: that loop (else the output's) also
+    fetches the next row of the inputs, so memory works while this row's arithmetic runs."""
 
     name = "persistent_rows"
 
@@ -367,7 +370,7 @@ class PersistentRows(Policy):
 
     def space(self, info):
         lanes = info.lanes(self.machine)
-        return {"vector": [lanes, lanes // 2] if lanes >= 8 else [lanes]}
+        return {"vector": [lanes, lanes // 2] if lanes >= 8 else [lanes], "prefetch": [1, 0]}
 
     def rows(self, builder: ScheduleBuilder) -> int | None:
         """How many leading axes every stage shares (None if this form does not fit)."""
@@ -406,6 +409,7 @@ class PersistentRows(Policy):
         order = [m for n in names[:-1] for m in ([partials[n]] if n in partials else []) + [n]]
         for name in reversed(order):
             builder.compute_at(name, out, row)
+        stage_loops = {}  # row stage -> its loop over vectors of the row
         for name in order:
             impl = builder.impl(name)
             own = impl.names[1:]
@@ -418,15 +422,60 @@ class PersistentRows(Policy):
                 builder.groups[name].role = "vector partial sums"
             elif not any(impl[n].reduce for n in own) and own:
                 tail = impl.merge_all(own) if len(own) > 1 else own[0]
-                self.vectorize_tail(builder, name, tail, vector_factor(impl[tail].size, vector))
+                outer = self.vectorize_tail(builder, name, tail, vector_factor(impl[tail].size, vector))
+                if outer is not None and outer != tail:
+                    stage_loops[name] = outer
                 builder.groups[name].role = builder.groups[name].role or "row stage"
-        for name in reversed(names[:-1]):  # a full-size stage the output row reads element-wise
-            if builder.write_into_output(name):
-                builder.groups[name].role = "row stage, in the output"
-                break
+        for partial in partials.values():  # sum a stage's vectors as it makes them
+            self._into_stage_loop(builder, partial, stage_loops)
+        into = next((name for name in reversed(names[:-1]) if builder.write_into_output(name)), None)
+        if into is not None:  # a full-size stage the output row reads element-wise
+            builder.groups[into].role = "row stage, in the output"
         if info.size >= self.machine.parallel_min_elems and self.machine.cores > 1:
             builder.impl(out).mark_parallel(row)
+        if knobs.get("prefetch"):
+            host = self._busiest_row_loop(builder, out, stage_loops, partials.values())
+            if host is not None:
+                builder.prefetch_next_row(*host, (out, row), rows)
         return names + list(partials.values())
+
+    @staticmethod
+    def _busiest_row_loop(builder: ScheduleBuilder, out: str, stage_loops: dict[str, str],
+                          partials) -> tuple[str, str] | None:
+        """The (block, axis) of the loop over a row's vectors with the most arithmetic in its
+        body: the prefetches of the next row spread over the longest work."""
+        loops = dict(stage_loops)
+        for name in [*partials, out]:
+            impl = builder.impl(name)
+            if name not in loops and len(impl.names) > 2 and impl.names[1] not in builder.impl(out).names[:1]:
+                loops[name] = impl.names[1]
+        if not loops:
+            return None
+        work = {name: arithmetic_ops(builder.block(name).body) for name in loops}
+        for name in partials:  # a partial sum moved into a stage's loop works there
+            owner = next((s for s, axis in stage_loops.items() if axis in builder.impl(name).names), None)
+            if owner is not None:
+                work[owner] += work.pop(name, 0)
+        best = max(work, key=work.get)
+        return best, loops[best]
+
+    @staticmethod
+    def _into_stage_loop(builder: ScheduleBuilder, partial: str, stage_loops: dict[str, str]) -> None:
+        """Move a partial-sum block into the loop of the row stage it reads, when that loop
+        makes exactly one vector of partial sums per iteration."""
+        reads = {r.source.name for r in builder.block(partial).reads}
+        lanes = next(builder.impl(partial)[n].size for n in builder.impl(partial).names[1:]
+                     if not builder.impl(partial)[n].reduce)
+        for stage, axis in stage_loops.items():
+            written = builder.block(stage).writes[0].source.name
+            impl = builder.impl(stage)
+            if written not in reads or impl.axis[-1].size != lanes:
+                continue
+            builder.reverse_compute_at(partial, stage, axis)
+            moved = builder.impl(partial)
+            moved.mark_vectorized(moved.names[-1])
+            builder.groups[partial].role = "vector partial sums, in the stage loop"
+            return
 
 
 POLICIES = (PersistentRows, RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile, Keep2D,

@@ -198,6 +198,27 @@ def test_persistent_rows_writes_a_stage_into_the_output_only_when_read_element_b
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(prefetch):
+    # softmax: e = exp(x - max) row by row into the output, its vector partial sums in the same
+    # loop; with the knob, each iteration of that loop prefetches the next row of x
+    func = _softmax(64, 512)
+    builder = ScheduleBuilder(func)
+    PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1], {"vector": 16, "prefetch": prefetch})
+    result = builder.result("k")
+    roles = {g.block: g.role for g in result.groups}
+    assert roles["gv_sum_rf"] == "vector partial sums, in the stage loop"
+    assert roles["gv_exp"] == "row stage, in the output"
+    text = result.script()
+    assert text.count("llvm.prefetch") == prefetch
+    stage_loop = text.split("with T.sblock(\"gv_max\")")[1].split("with T.sblock(\"gv_exp\")")[0]
+    assert ("llvm.prefetch" in stage_loop) == bool(prefetch)
+    x = np.random.default_rng(1).standard_normal((64, 512)).astype("float32")
+    e = np.exp(x - x.max(1, keepdims=True))
+    (got,) = _run(result.func, [x], [(64, 512)])
+    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 def test_policies_are_listed():
     assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
                                           "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
