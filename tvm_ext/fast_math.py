@@ -11,13 +11,15 @@ from tvm import tirx
 
 PrimExpr = tirx.Expr
 
-# Cephes expf: exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]
-# with ln 2 split in two (Cody-Waite) so n * C1 is exact, and a degree-6 minimax polynomial.
+# exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] with ln 2 split
+# in two (Cody-Waite) so n * C1 is exact; exp(r) by a degree-6 polynomial in Horner form (six
+# FMAs), its coefficients fitted for least maximum relative error (Lawson's iteration, 2e-9
+# in float64; 1.1e-7 measured in float32, tests/test_fast_math.py).
 _LOG2E = 1.44269504088896341
 _C1 = 0.693359375
 _C2 = -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-             5.0000001201e-1)
+_EXP_POLY = (0.0013843653723597527, 0.00837415549904108, 0.04166800156235695, 0.16666431725025177,
+             0.4999999403953552, 1.0, 1.0)
 EXP_MAX = 88.72283172607421875  # the largest float32 whose exp is finite; above: +inf
 EXP_MIN = -86.64  # below: 0 (the result would be below 2^-125; denormals are flushed)
 _EXP_CLAMP = 89.0  # above EXP_MAX and small enough that 2^n stays a float: exp overflows to +inf
@@ -72,8 +74,7 @@ def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
     t = lets(tirx.reinterpret("int32", xc * _f(_LOG2E) + _f(_ROUNDER)), "t", "int32")
     n = lets(tirx.Cast("float32", t - tirx.const(_ROUNDER_BITS, "int32")), "n")
     r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
-    p = _horner(_EXP_POLY, r)
-    y = p * (r * r) + r + _f(1.0)
+    y = _horner(_EXP_POLY, r)
     # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent), times 2:
     # keeps the field in range for n up to 129
     bits = tirx.shift_left(t + tirx.const(126, "int32"), tirx.const(23, "int32"))
