@@ -21,7 +21,8 @@ _C2 = -2.12194440e-4
 _EXP_POLY = (0.0013843653723597527, 0.00837415549904108, 0.04166800156235695, 0.16666431725025177,
              0.4999999403953552, 1.0, 1.0)
 EXP_MAX = 88.72283172607421875  # the largest float32 whose exp is finite; above: +inf
-EXP_MIN = -86.64  # below: 0 (the result would be below 2^-125; denormals are flushed)
+EXP_MIN = -86.98  # the accurate range starts here (n >= -125); below, results under 2^-124 may be 0
+_EXP_FLOOR = -87.0  # n = -126 here and below: the result is exactly 0 (denormals are flushed)
 _EXP_CLAMP = 89.0  # above EXP_MAX and small enough that 2^n stays a float: exp overflows to +inf
 _ROUNDER = 12582912.0  # 1.5 * 2^23
 _ROUNDER_BITS = 0x4B400000  # its bits
@@ -66,20 +67,20 @@ def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
     lets = _Lets(let)
     x = lets(x, "x")
     # Clamp with selects a NaN passes through (it compares false both ways), so NaN stays NaN
-    # with no test of its own; above EXP_MAX the result overflows to +inf by itself.
-    xc = tirx.Select(x < _f(EXP_MIN), _f(EXP_MIN), x)
+    # with no test of its own. Above EXP_MAX the result overflows to +inf by itself; at the
+    # floor n = -126 makes the scale's exponent field 0, so the result is exactly 0.
+    xc = tirx.Select(x < _f(_EXP_FLOOR), _f(_EXP_FLOOR), x)
     xc = lets(tirx.Select(xc > _f(_EXP_CLAMP), _f(_EXP_CLAMP), xc), "xc")
     # n = round(x log2 e) by the float adder: adding 1.5 * 2^23 leaves n in the low bits of t's
-    # mantissa. (Read back through the bits: TVM's simplifier would fold a float (t - 1.5 * 2^23).)
+    # mantissa. (t is read back through its bits: TVM's simplifier folds (a + c) - c in floats.)
     t = lets(tirx.reinterpret("int32", xc * _f(_LOG2E) + _f(_ROUNDER)), "t", "int32")
-    n = lets(tirx.Cast("float32", t - tirx.const(_ROUNDER_BITS, "int32")), "n")
+    n = lets(tirx.reinterpret("float32", t) - _f(_ROUNDER), "n")
     r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
     y = _horner(_EXP_POLY, r)
-    # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent), times 2:
-    # keeps the field in range for n up to 129
+    # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent), applied
+    # after doubling y so that no intermediate is denormal; n up to 129 stays in range
     bits = tirx.shift_left(t + tirx.const(126, "int32"), tirx.const(23, "int32"))
-    scaled = y * tirx.reinterpret("float32", bits) * _f(2.0)
-    return lets.wrap(tirx.Select(x < _f(EXP_MIN), _f(0.0), scaled))
+    return lets.wrap(y * _f(2.0) * tirx.reinterpret("float32", bits))
 
 
 def sigmoid(x: PrimExpr, let: bool = False) -> PrimExpr:
