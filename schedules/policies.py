@@ -360,8 +360,10 @@ class PersistentRows(Policy):
     loop, the row reductions keeping vector partial sums, the rows across the cores. The
     row is read from memory once and stays in cache between stages. A full-size stage the
     output reads element-wise (softmax's exp) is written into the output, and its partial
-    sums are taken in its own loop. Knob ``prefetch``: that loop (else the output's) also
-    fetches the next row of the inputs, so memory works while this row's arithmetic runs."""
+    sums are taken in its own loop. Knobs: ``prefetch``, the busiest loop over the row also
+    fetches the next row of the inputs, so memory works while this row's arithmetic runs;
+    ``accumulators``, vectors of partial sums per reduction of an input (independent chains
+    of adds instead of one)."""
 
     name = "persistent_rows"
 
@@ -370,7 +372,8 @@ class PersistentRows(Policy):
 
     def space(self, info):
         lanes = info.lanes(self.machine)
-        return {"vector": [lanes, lanes // 2] if lanes >= 8 else [lanes], "prefetch": [1, 0]}
+        return {"vector": [lanes, lanes // 2] if lanes >= 8 else [lanes], "prefetch": [1, 0],
+                "accumulators": [4, 1]}
 
     def rows(self, builder: ScheduleBuilder) -> int | None:
         """How many leading axes every stage shares (None if this form does not fit)."""
@@ -392,12 +395,22 @@ class PersistentRows(Policy):
         rows = self.rows(builder)
         names = builder.block_names()
         vector = knobs["vector"]
+        staged = {builder.block(n).writes[0].source.name for n in names[:-1]
+                  if not any(a.reduce for a in builder.impl(n).axis)}
         partials = {}
         for name in names[:-1]:  # vector partial sums first: rfactor wants a root loop nest
             impl = builder.impl(name)
             reduce = [a for a in impl.axis if a.reduce]
-            if reduce and vector_factor(reduce[-1].size, vector) and reduce[-1].size >= 2 * vector:
-                _, kt = impl.tile_split(reduce[-1].name, vector_factor(reduce[-1].size, vector))
+            factor = vector_factor(reduce[-1].size, vector) if reduce else 0
+            if factor and reduce[-1].size >= 2 * vector:
+                # several vectors of partial sums break the chain of dependent adds; not for a
+                # reduction of a stage, whose sums go into the stage's loop one vector at a time
+                acc = knobs.get("accumulators", 1)
+                reads_stage = any(r.source.name in staged for r in builder.block(name).reads)
+                if acc > 1 and not reads_stage and reduce[-1].size % (factor * acc) == 0 \
+                        and reduce[-1].size >= 2 * factor * acc:
+                    factor *= acc
+                _, kt = impl.tile_split(reduce[-1].name, factor)
                 partials[name] = builder.rfactor(name, kt, factor_axis=0)
                 builder.groups[name].role = "row reduction"
         out = names[-1]
@@ -418,6 +431,9 @@ class PersistentRows(Policy):
                 chunk = [n for n in own if n != lane]
                 if chunk:
                     impl.reorder(*chunk, lane)
+                if impl[lane].size > vector:  # several accumulators: unrolled vectors
+                    vectors, lane = impl.tile_split(lane, vector)
+                    impl.mark_unrolled(vectors)
                 impl.mark_vectorized(lane)
                 builder.groups[name].role = "vector partial sums"
             elif not any(impl[n].reduce for n in own) and own:

@@ -219,6 +219,23 @@ def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(p
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("accumulators", [1, 4])
+def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumulators):
+    # softmax 64 x 512: the max of x keeps 16 * accumulators partial maxima; the sum of the exp
+    # stage stays one vector (it is taken in the stage's loop)
+    func = _softmax(64, 512)
+    builder = ScheduleBuilder(func)
+    PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1],
+                                  {"vector": 16, "prefetch": 0, "accumulators": accumulators})
+    result = builder.result("k")
+    lanes = {b.name: int(b.shape[0]) for b in result.func.body.block.alloc_buffers if b.name.endswith("rf")}
+    assert lanes == {"gv_max.rf": 16 * accumulators, "gv_sum.rf": 16}
+    x = np.random.default_rng(2).standard_normal((64, 512)).astype("float32")
+    e = np.exp(x - x.max(1, keepdims=True))
+    (got,) = _run(result.func, [x], [(64, 512)])
+    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 def test_policies_are_listed():
     assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
                                           "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
