@@ -67,6 +67,26 @@ def test_exact_math_switch_changes_the_kernel_not_the_result(exact):
     assert ("T.exp(" in text) == exact  # the fast form is arithmetic and bit casts only
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_division_by_a_row_value_becomes_one_reciprocal_per_row(exact):
+    # x / sum(x, -1, keepdims) and x / 3: a multiplication by the reciprocal (hoisted out of
+    # the row's vector loop), within an ulp of the division; exact math keeps the division
+    from tvm import relax
+
+    import tvm_ext
+    from conftest import build_module
+
+    R = relax.op
+    mod = build_module(lambda a: R.add(R.divide(a, R.sum(a, axis=-1, keepdims=True)),
+                                       R.divide(a, relax.const(3.0, "float32"))), [((8, 100), "float32")])
+    compiled = tvm_ext.compile(mod, exact_math=exact)
+    x = np.random.default_rng(0).uniform(0.5, 2, (8, 100)).astype("float32")
+    np.testing.assert_allclose(compiled(x), x / x.sum(-1, keepdims=True) + x / np.float32(3), rtol=3e-7)
+    text = compiled.lowered_module.script()
+    fast = "* (T.float32(1.0) / lv" in text and "* T.float32(0.333333" in text
+    assert fast != exact and (" / T.float32(3.0)" in text) == exact
+
+
 def _sweep(lo: float, hi: float, step: int = 61) -> np.ndarray:
     """Every ``step``-th float32 in [lo, hi] (both signs handled by the caller)."""
     a, b = np.float32(lo).view(np.int32), np.float32(hi).view(np.int32)

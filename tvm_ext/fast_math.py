@@ -7,6 +7,7 @@ uses them for float32 unless the kernel asks for exact math (``compile(exact_mat
 """
 from __future__ import annotations
 
+import tvm
 from tvm import tirx
 
 PrimExpr = tirx.Expr
@@ -81,6 +82,18 @@ def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
     # after doubling y so that no intermediate is denormal; n up to 129 stays in range
     bits = tirx.shift_left(t + tirx.const(126, "int32"), tirx.const(23, "int32"))
     return lets.wrap(y * _f(2.0) * tirx.reinterpret("float32", bits))
+
+
+def divide(a: PrimExpr, b: PrimExpr, let: bool = False) -> PrimExpr:
+    """``a * (1 / b)`` when ``b`` stays the same along a row (a constant, or a tensor read at a
+    fixed place of its last axis, as a kept-dims row sum is): LLVM then hoists the one division
+    out of the vectorized loop instead of dividing every lane (a vector division costs ten or
+    more multiplications). One rounding more than ``a / b``: at most 1 ulp."""
+    if isinstance(b, tirx.FloatImm) or (
+            isinstance(b, tvm.ir.Call) and getattr(b.op, "name", "") == "te.tensor_load"
+            and isinstance(b.args[-1], tirx.IntImm)):
+        return a * (_f(1.0) / b)
+    return a / b
 
 
 def sigmoid(x: PrimExpr, let: bool = False) -> PrimExpr:

@@ -313,7 +313,7 @@ _SCALAR_OP_LIST = [
     ScalarOp("add", 2, lambda a, b: a + b),
     ScalarOp("subtract", 2, lambda a, b: a - b),
     ScalarOp("multiply", 2, lambda a, b: a * b),
-    ScalarOp("divide", 2, _divide),
+    ScalarOp("divide", 2, _divide, te_fast=fast_math.divide),
     ScalarOp("floor_divide", 2, _floor_divide),
     ScalarOp("floor_mod", 2, _floor_mod),
     ScalarOp("power", 2, te.power),
