@@ -19,6 +19,7 @@ class Machine:
     cores: int = len(os.sched_getaffinity(0))
     vector_bytes: int = 64  # AVX-512
     l1_bytes: int = 48 << 10
+    l2_bytes: int = 2 << 20  # per core
     parallel_min_elems: int = 4096  # below this a parallel launch costs more than it saves
 
     @classmethod

@@ -222,11 +222,17 @@ def _prefetch_next_row(func: tirx.PrimFunc, loop: tirx.Var, span: int, row: tirx
     inputs = [p for p in func.params[:-1] if [int(d) for d in p.shape] == shape and p.dtype == out.dtype]
     if not inputs:
         return func
-    flat = tirx.Min(row + 1, n_rows - 1) * n_cols + loop * span
+    dtype = str(row.ty)  # TVM's own kernels index in int64
+
+    def c(value: int) -> tirx.Expr:
+        return tirx.const(value, dtype)
+
+    step = loop if str(loop.ty) == dtype else tirx.Cast(dtype, loop)
+    flat = tirx.Min(row + c(1), c(n_rows - 1)) * c(n_cols) + step * c(span)
     index, rest = [], flat
     for extent in reversed(shape):
-        index.append(tirx.floormod(rest, extent))
-        rest = tirx.floordiv(rest, extent)
+        index.append(tirx.floormod(rest, c(extent)))
+        rest = tirx.floordiv(rest, c(extent))
     index.reverse()
     # llvm.prefetch(address, read, high locality, data cache); a prefetch never faults
     hints = [tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0",

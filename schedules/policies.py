@@ -247,7 +247,8 @@ class RegisterTiledAnchor(Policy):
     ``k_block`` > 0 blocks the reduction for large operands: for each chunk of k, all j
     tiles, then all i tiles (the chunk of B stays in cache across the i tiles); the tile
     then accumulates in the output itself and the epilogue runs once per core's block of
-    rows, after the last chunk."""
+    rows, after the last chunk. ``i_block`` > 0 (with ``k_block``) also blocks the rows, so
+    that the rows of A one k chunk reads stay in L2 across the j tiles."""
 
     name = "register_tile"
 
@@ -263,8 +264,9 @@ class RegisterTiledAnchor(Policy):
         tiles_i = [t for t in (4, 8, 2, 6, 1) if ni % t == 0 and (ni > t or t == 1)] or [1]
         nk = info.reduce[-1]
         k_blocks = [0] + [b for b in (256, 128, 512) if nk % b == 0 and nk > b]
+        i_blocks = [0] + [b for b in (256, 128) if ni > b * self.machine.cores]
         return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False],
-                "k_block": k_blocks}
+                "k_block": k_blocks, "i_block": i_blocks}
 
     def apply(self, builder, info, knobs):
         if not knobs["tile_j"]:
@@ -315,7 +317,12 @@ class RegisterTiledAnchor(Policy):
         lead = ([blocked] if blocked is not None and blocked not in outer else []) + outer
         placed = [name]
         if k_chunks:
-            impl.reorder(*lead, *k_chunks, jT, *i_outer, *reduce, *k_inner, *inner)
+            i_block = knobs.get("i_block", 0) // max(1, knobs["tile_i"])  # in i tiles
+            if i_block > 1 and i_outer and impl[i_outer[0]].size > i_block and impl[i_outer[0]].size % i_block == 0:
+                iB, iTt = impl.tile_split(i_outer[0], i_block)
+                impl.reorder(*lead, *k_chunks, iB, jT, iTt, *reduce, *k_inner, *inner)
+            else:
+                impl.reorder(*lead, *k_chunks, jT, *i_outer, *reduce, *k_inner, *inner)
             if epilogue is not None and lead:
                 builder.reverse_compute_at(epilogue, name, lead[-1])
                 epi = builder.impl(epilogue)

@@ -236,6 +236,23 @@ def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumul
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+def test_register_tile_i_block_keeps_a_block_of_rows_across_the_j_tiles():
+    # 1024 rows over 2 cores, 8-row tiles: 64 i tiles a core, blocked by 16 (128 rows); per k
+    # chunk: i block, then j tiles, then the i tiles of the block
+    func = _matmul(1024, 256, 48)
+    builder = ScheduleBuilder(func)
+    info = block_infos(builder.sch)[0]
+    knobs = {"tile_j": 16, "tile_i": 8, "k_unroll": 4, "epilogue": False, "k_block": 128, "i_block": 128}
+    RegisterTiledAnchor(MACHINE).apply(builder, info, knobs)
+    impl = builder.impl("C")
+    assert impl.names[:5] == ["z0B", "z2T", "z0bTT", "z1T", "z0bTt"]
+    assert (impl["z0bTT"].size, impl["z0bTt"].size) == (4, 16)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((1024, 256)).astype("float32"), rng.standard_normal((256, 48)).astype("float32")
+    (got,) = _run(builder.result("k").func, [a, b], [(1024, 48)])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
+
+
 def test_policies_are_listed():
     assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
                                           "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
