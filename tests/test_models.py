@@ -136,6 +136,15 @@ def test_onnx_model_matches_pytorch():
         np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_exported_program_compiles_directly():
+    model = MLP().eval()
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        exported = torch.export.export(model, (x,))
+        compiled = tvm_ext.compile(exported, strict=True)
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_builtin_transformer_block_matches_numpy():
     model = transformer_block(batch=2, seq=16, dim=64, heads=4, ffn=128)
     compiled = tvm_ext.compile(model.mod, strict=True)

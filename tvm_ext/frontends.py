@@ -18,7 +18,6 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
     The module is put in eval mode; its weights become constants of the IRModule.
     """
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
@@ -37,13 +36,20 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
                             "the shapes and dtypes forward() expects.") from err
     finally:
         fake_log.setLevel(level)
+    return from_exported(exported, keep_params_as_input, type(module).__name__)
+
+
+def from_exported(exported: Any, keep_params_as_input: bool = False, name: str = "the exported program"
+                  ) -> tvm.IRModule:
+    """Import a ``torch.export.ExportedProgram`` with TVM's importer."""
+    from tvm.relax.frontend.torch import from_exported_program
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return from_exported_program(exported, keep_params_as_input=keep_params_as_input)
     except Exception as err:
-        raise FrontendError(f"TVM's PyTorch importer failed on {type(module).__name__}: "
-                            f"{_first_line(err)}") from err
+        raise FrontendError(f"TVM's PyTorch importer failed on {name}: {_first_line(err)}") from err
 
 
 def from_onnx(model: Any, shape_dict: dict[str, Sequence[int]] | None = None) -> tvm.IRModule:
@@ -65,7 +71,8 @@ def from_onnx(model: Any, shape_dict: dict[str, Sequence[int]] | None = None) ->
 def import_model(model: Any, example_inputs: Sequence[Any] | None = None,
                  shape_dict: dict[str, Sequence[int]] | None = None,
                  keep_params_as_input: bool = False) -> tvm.IRModule:
-    """Dispatch on the model's kind: IRModule, torch.nn.Module, ONNX model, ``.onnx`` path or Symbol."""
+    """Dispatch on the model's kind: IRModule, torch.nn.Module, ExportedProgram, ONNX model,
+    ``.onnx`` path or Symbol."""
     if isinstance(model, tvm.IRModule):
         return model
     if isinstance(model, Symbol):  # shape_dict: the shapes of some inputs; the rest are inferred
@@ -75,12 +82,14 @@ def import_model(model: Any, example_inputs: Sequence[Any] | None = None,
     kind = f"{type(model).__module__}.{type(model).__name__}"
     if kind.startswith("onnx"):
         return from_onnx(model, shape_dict)
+    if kind == "torch.export.exported_program.ExportedProgram":
+        return from_exported(model, keep_params_as_input)
     if _is_torch_module(model):
         if example_inputs is None:
             raise FrontendError("a torch.nn.Module needs example_inputs (a tuple of tensors) to be exported")
         return from_torch(model, example_inputs, keep_params_as_input)
     raise FrontendError(f"cannot compile a {kind}: pass a tvm.IRModule (Relax), a torch.nn.Module "
-                        "with example_inputs, an onnx.ModelProto, a path to a .onnx file or a "
+                        "with example_inputs, a torch.export.ExportedProgram, an onnx.ModelProto, a path to a .onnx file or a "
                         "tvm_ext.sym Symbol with shape_dict")
 
 
