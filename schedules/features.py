@@ -23,7 +23,8 @@ from schedules.builder import ScheduleResult
 from schedules.policies import POLICIES
 
 _POLICY_NAMES = [p.name for p in POLICIES]
-_KNOBS = ["vector", "unroll", "tile", "chunks", "tile_i", "tile_j", "k_unroll", "epilogue", "k_block"]
+_KNOBS = ["vector", "unroll", "tile", "chunks", "tile_i", "tile_j", "k_unroll", "epilogue", "k_block", "i_block",
+          "prefetch", "accumulators"]
 _REGISTER_FILE = 32 * 64  # bytes: 32 AVX-512 registers
 PER_STORE_LENGTH = 2 * 164  # PerStoreFeature's 164 numbers per store, summed and maxed
 
