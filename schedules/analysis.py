@@ -46,6 +46,7 @@ class BlockInfo:
     spatial: tuple[int, ...]
     reduce: tuple[int, ...]
     dtype_bits: int
+    period: int = 0  # an anchor reading an operand packed in panels of this many columns
 
     @property
     def size(self) -> int:
@@ -63,21 +64,50 @@ def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
         spatial = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == SPATIAL)
         reduce = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == REDUCE)
         bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
-        out.append(BlockInfo(block.name_hint, _kind(block), spatial, reduce, bits))
+        kind, period = _kind(block)
+        out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period))
     return out
 
 
-def _kind(block) -> str:
+def _kind(block) -> tuple[str, int]:
+    """The block's kind, and for an anchor whose operand is packed in column panels
+    (``Wp[j // p, k, j % p]``, see ``relay_passes.pack_weights``) the panel width p."""
+    kind = _kind_of(block)
+    if kind != "anchor":
+        return kind, 0
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
+    periods = [_period(e, spatial[-1]) for e in _last_read_indices(block)]
+    return kind, min([p for p in periods if p], default=0)
+
+
+def _last_read_indices(block) -> list:
+    """Each read's index along its last axis, simplified with the block's iteration ranges
+    (a view chain leaves ``j % 1024 // 32`` where ``j // 32`` is meant)."""
+    analyzer = tvm.sym.Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    return [analyzer.simplify(r.region[-1].min) for r in block.reads if len(r.region)]
+
+
+def _period(expr, var) -> int:
+    """p when ``expr`` is ``var % p`` (contiguous within each panel of p columns), else 0."""
+    if isinstance(expr, tirx.FloorMod) and expr.a.same_as(var) and isinstance(expr.b, tirx.IntImm):
+        return int(expr.b)
+    return 0
+
+
+def _kind_of(block) -> str:
     ivars = list(block.iter_vars)
     spatial = [iv.var for iv in ivars if int(iv.iter_type) == SPATIAL]
     reduce = [iv.var for iv in ivars if int(iv.iter_type) == REDUCE]
-    last_dims = [r.region[-1].min for r in block.reads if len(r.region)]
+    last_dims = _last_read_indices(block)
     if not reduce:
         if spatial and last_dims and not any(_unit_stride(e, spatial[-1]) or _constant(e) for e in last_dims):
             return "transpose"  # no read is contiguous along the innermost written axis
         return "pointwise"
     extent = {iv.var: int(iv.dom.extent) for iv in ivars}
-    if spatial and any(_unit_stride(e, spatial[-1]) for e in last_dims) and extent[spatial[-1]] >= 4:
+    if spatial and extent[spatial[-1]] >= 4 and any(_unit_stride(e, spatial[-1]) or _period(e, spatial[-1]) >= 4
+                                                   for e in last_dims):
         return "anchor"
     if any(_unit_stride(e, reduce[-1]) for e in last_dims):
         return "row_reduce"

@@ -260,6 +260,8 @@ class RegisterTiledAnchor(Policy):
         nj = info.spatial[-1]
         tiles_j = [t for t in (2 * lanes, lanes, lanes // 2) if t >= 4 and nj % t == 0] or \
             ([nj] if nj <= 2 * lanes else [0])
+        if info.period:  # an operand packed in column panels: a tile stays inside one panel
+            tiles_j = [t for t in tiles_j if t and info.period % t == 0] or [0]
         ni = info.spatial[-2] if len(info.spatial) > 1 else 1
         tiles_i = [t for t in (4, 8, 2, 6, 1) if ni % t == 0 and (ni > t or t == 1)] or [1]
         nk = info.reduce[-1]

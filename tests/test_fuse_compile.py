@@ -126,3 +126,60 @@ def test_folding_a_layout_op_of_a_scalar_constant_keeps_it_0_d():
     assert consts and consts[0].value.numpy().shape == ()
     out = tvm_ext.compile(bb.get())(np.array(2.0, "float32"))
     assert out.shape == () and float(out) == 5.0
+
+
+def _matmuls_of_constant(w: np.ndarray, uses: int):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, w.shape[0]), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = relax.const(w)
+            outs = [bb.emit(R.matmul(x, c)) for _ in range(uses)]
+            gv = bb.emit_output(outs[0] if uses == 1 else R.add(*outs))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_pack_matmul_weights_stores_a_constant_operand_in_column_panels():
+    # W (128, 64), panels of 32: Wp (2, 128, 32) with Wp[p, k, c] = W[k, 32 p + c], viewed back
+    # as (128, 64) by permute_dims [1, 0, 2] and reshape; two matmuls of W share one copy
+    from relay_passes import PackMatmulWeights
+
+    w = np.arange(128 * 64, dtype="float32").reshape(128, 64) / 1000
+    mod = PackMatmulWeights(panel=32, min_elements=0)(_matmuls_of_constant(w, uses=2))
+    bindings = mod["main"].body.blocks[0].bindings
+    consts = [v.value.numpy() for b in bindings for v in [b.value] + list(getattr(b.value, "args", []))
+              if isinstance(v, tvm.ir.GenericConst)]
+    assert [c.shape for c in consts] == [(2, 128, 32)]
+    assert consts[0][1, 5, 7] == w[5, 32 + 7]
+    ops = [b.value.op.name for b in bindings if isinstance(b.value, relax.Call)]
+    assert ops == ["relax.permute_dims", "relax.reshape", "relax.matmul", "relax.matmul", "relax.add"]
+    x = np.random.default_rng(0).standard_normal((4, 128)).astype("float32")
+    np.testing.assert_allclose(tvm_ext.compile(mod)(x), 2 * x @ w, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(128, 48), (8, 64)])  # columns not a multiple of the panel; too small
+def test_pack_matmul_weights_leaves_other_weights_alone(shape):
+    from relay_passes import PackMatmulWeights
+
+    mod = _matmuls_of_constant(np.ones(shape, "float32"), uses=1)
+    packed = PackMatmulWeights(panel=32)(mod)
+    calls = [b.value for b in packed["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    assert [c.op.name for c in calls] == ["relax.matmul"]
+
+
+def test_a_packed_weight_makes_an_anchor_whose_tile_stays_in_a_panel():
+    # compiled from a constant W (256, 64): the kernel reads Wp[j // 32, k, j % 32]; analysis
+    # sees an anchor with period 32 and the register tile divides it
+    from schedules import Machine, ScheduleBuilder, block_infos
+
+    w = np.random.default_rng(1).standard_normal((256, 64)).astype("float32")
+    pipe = tvm_ext.Pipeline(schedule=False)
+    lowered, _ = pipe.lower(pipe.prepare(_matmuls_of_constant(w, uses=1)))
+    func = next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    (info,) = block_infos(ScheduleBuilder(func).sch)
+    assert (info.kind, info.period) == ("anchor", 32)
+    from schedules.policies import RegisterTiledAnchor
+    assert all(32 % t == 0 for t in RegisterTiledAnchor(Machine(cores=2, vector_bytes=64)).space(info)["tile_j"])
+    x = np.random.default_rng(2).standard_normal((4, 256)).astype("float32")
+    np.testing.assert_allclose(tvm_ext.compile(_matmuls_of_constant(w, uses=1))(x), x @ w, rtol=1e-4, atol=1e-4)

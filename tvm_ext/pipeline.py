@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import tvm
 from tvm import relax
 
+from relay_passes.pack_weights import PackMatmulWeights
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
@@ -51,6 +52,7 @@ class Pipeline:
     strict: bool = False  # a failing lowering raises instead of falling back to TVM's kernel
     registry: OpRegistry = OPS  # the ops our lowering knows
     exact_math: bool = False  # libm exp/sigmoid instead of the vectorizable float32 forms
+    pack_weights: bool = True  # constant matmul operands stored in column panels (autofuse)
     tuning_db: Any = None  # a tuning database (path or TuningDatabase): its best schedules win
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
@@ -77,6 +79,10 @@ class Pipeline:
         fuse = FuseCompile(registry=self.registry, strict=self.strict, exact_math=self.exact_math)
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.RewriteDataflowReshape()]
+        if self.pack_weights and self.fusion == "autofuse":  # AutoFuse composes the panel views
+            # into the matmul's loads (NNVM's rules would copy the weight back every call); a
+            # panel is the register tile's j extent, two float32 vectors
+            seq.insert(0, PackMatmulWeights(panel=2 * Machine.for_target(self.target).vector_bytes // 4))
         if self.schedule:
             seq.append(self._schedule_pass())
         with self.target:
