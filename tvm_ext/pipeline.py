@@ -142,8 +142,8 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``), a
-    ``torch.export.ExportedProgram``, a ``tvm_ext.sym`` Symbol, an ONNX ``ModelProto`` or a path to a ``.onnx`` file (with ``shape_dict`` for dynamic
-    inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"nnvm"``
+    ``torch.export.ExportedProgram``, a ``tvm_ext.sym`` Symbol, an ONNX ``ModelProto`` or a
+    path to a ``.onnx`` file (with ``shape_dict`` for dynamic inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"nnvm"``
     (NNVM's fusion: anchors with their epilogues, injective chains, diamonds), ``"chains"``
     (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
     kernel per op, views included) or a partitioner (``relay_passes.FusePartition(...)``).
