@@ -372,7 +372,7 @@ class PersistentRows(Policy):
     sums are taken in its own loop. Knobs: ``prefetch``, the busiest loop over the row also
     fetches the next row of the inputs, so memory works while this row's arithmetic runs;
     ``accumulators``, vectors of partial sums per reduction of an input (independent chains
-    of adds instead of one)."""
+    of adds instead of one; combined as vectors, then across the lanes)."""
 
     name = "persistent_rows"
 
@@ -406,7 +406,7 @@ class PersistentRows(Policy):
         vector = knobs["vector"]
         staged = {builder.block(n).writes[0].source.name for n in names[:-1]
                   if not any(a.reduce for a in builder.impl(n).axis)}
-        partials = {}
+        partials, combines = {}, {}
         for name in names[:-1]:  # vector partial sums first: rfactor wants a root loop nest
             impl = builder.impl(name)
             reduce = [a for a in impl.axis if a.reduce]
@@ -416,35 +416,41 @@ class PersistentRows(Policy):
                 # reduction of a stage, whose sums go into the stage's loop one vector at a time
                 acc = knobs.get("accumulators", 1)
                 reads_stage = any(r.source.name in staged for r in builder.block(name).reads)
-                if acc > 1 and not reads_stage and reduce[-1].size % (factor * acc) == 0 \
-                        and reduce[-1].size >= 2 * factor * acc:
-                    factor *= acc
+                acc = acc if acc > 1 and not reads_stage and reduce[-1].size % (factor * acc) == 0 \
+                    and reduce[-1].size >= 2 * factor * acc else 1
                 _, kt = impl.tile_split(reduce[-1].name, factor)
-                partials[name] = builder.rfactor(name, kt, factor_axis=0)
+                if acc > 1:
+                    impl.tile_split(impl.names[impl.index(kt) - 1], acc)
+                partials[name] = builder.rfactor(name, kt, factor_axis=0)  # one vector of lanes
                 builder.groups[name].role = "row reduction"
+                if acc > 1:  # its acc vectors: the lanes' sums in acc independent chains
+                    combines[name] = partials[name]
+                    rf = builder.impl(combines[name])
+                    partials[name] = builder.rfactor(combines[name], [a.name for a in rf.axis if a.reduce][-1],
+                                                     factor_axis=0)
+                    builder.groups[combines[name]].role = "vector combine"
         out = names[-1]
         impl = builder.impl(out)
         row = impl.merge_all(impl.names[:rows])
         builder.groups[out].role = "output row"
         cols = impl.merge_all(impl.names[1:]) if len(impl.names) > 2 else impl.names[1]
         self.vectorize_tail(builder, out, cols, vector_factor(impl[cols].size, vector))
-        order = [m for n in names[:-1] for m in ([partials[n]] if n in partials else []) + [n]]
+        order = [m for n in names[:-1] for m in [partials.get(n), combines.get(n), n] if m]
         for name in reversed(order):
             builder.compute_at(name, out, row)
         stage_loops = {}  # row stage -> its loop over vectors of the row
         for name in order:
             impl = builder.impl(name)
             own = impl.names[1:]
-            if name in partials.values():  # (lane, chunk) loops: the lane innermost, vectorized
-                lane = next(n for n in own if not impl[n].reduce)
-                chunk = [n for n in own if n != lane]
-                if chunk:
-                    impl.reorder(*chunk, lane)
-                if impl[lane].size > vector:  # several accumulators: unrolled vectors
-                    vectors, lane = impl.tile_split(lane, vector)
-                    impl.mark_unrolled(vectors)
-                impl.mark_vectorized(lane)
-                builder.groups[name].role = "vector partial sums"
+            if name in partials.values() or name in combines.values():
+                # chunk loops outside, then (accumulator,) lane: the lane vectorized
+                lanes = [n for n in own if not impl[n].reduce]
+                impl.reorder(*[n for n in own if impl[n].reduce], *lanes)
+                if len(lanes) == 2:
+                    impl.mark_unrolled(lanes[0])
+                impl.mark_vectorized(lanes[-1])
+                builder.groups[name].role = builder.groups[name].role if name in combines.values() \
+                    else "vector partial sums"
             elif not any(impl[n].reduce for n in own) and own:
                 tail = impl.merge_all(own) if len(own) > 1 else own[0]
                 outer = self.vectorize_tail(builder, name, tail, vector_factor(impl[tail].size, vector))
@@ -462,7 +468,7 @@ class PersistentRows(Policy):
             host = self._busiest_row_loop(builder, out, stage_loops, partials.values())
             if host is not None:
                 builder.prefetch_next_row(*host, (out, row), rows)
-        return names + list(partials.values())
+        return names + list(partials.values()) + list(combines.values())
 
     @staticmethod
     def _busiest_row_loop(builder: ScheduleBuilder, out: str, stage_loops: dict[str, str],

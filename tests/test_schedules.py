@@ -221,15 +221,19 @@ def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(p
 
 @pytest.mark.parametrize("accumulators", [1, 4])
 def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumulators):
-    # softmax 64 x 512: the max of x keeps 16 * accumulators partial maxima; the sum of the exp
-    # stage stays one vector (it is taken in the stage's loop)
+    # softmax 64 x 512: the max of x keeps accumulators x 16 partial maxima (then combined as
+    # vectors into 16 lanes); the sum of the exp stage stays one vector (in the stage's loop)
     func = _softmax(64, 512)
     builder = ScheduleBuilder(func)
     PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1],
                                   {"vector": 16, "prefetch": 0, "accumulators": accumulators})
     result = builder.result("k")
-    lanes = {b.name: int(b.shape[0]) for b in result.func.body.block.alloc_buffers if b.name.endswith("rf")}
-    assert lanes == {"gv_max.rf": 16 * accumulators, "gv_sum.rf": 16}
+    lanes = {b.name: [int(d) for d in b.shape[:-2]] for b in result.func.body.block.alloc_buffers
+             if b.name.endswith("rf")}
+    want = {"gv_max.rf": [16], "gv_sum.rf": [16]}
+    if accumulators > 1:
+        want["gv_max.rf.rf"] = [accumulators, 16]
+    assert lanes == want
     x = np.random.default_rng(2).standard_normal((64, 512)).astype("float32")
     e = np.exp(x - x.max(1, keepdims=True))
     (got,) = _run(result.func, [x], [(64, 512)])
