@@ -18,6 +18,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from relay_passes.simplify import bound_constant, rewrite_functions
+
 
 @tvm.ir.transform.module_pass(opt_level=0, name="PackMatmulWeights")
 class PackMatmulWeights:
@@ -28,11 +30,7 @@ class PackMatmulWeights:
         self.min_elements = min_elements  # smaller weights stay in cache anyway
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        packer = _Packer(mod, self.panel, self.min_elements)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                packer.builder_.update_func(gv, packer.visit_expr(func))
-        return packer.builder_.get()
+        return rewrite_functions(mod, _Packer(mod, self.panel, self.min_elements))
 
 
 @mutator
@@ -46,11 +44,8 @@ class _Packer(PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul" and len(call.args) == 2):
             return call
-        w = call.args[1]
-        if isinstance(w, relax.Var):
-            bound = self.lookup_binding(w)
-            w = w if bound is None else bound
-        if not isinstance(w, tvm.ir.GenericConst):
+        w = bound_constant(self, call.args[1])
+        if w is None:
             return call
         data = w.value.numpy()
         if data.dtype != np.float32 or data.ndim != 2 or data.size < self.min_elements:

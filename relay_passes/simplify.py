@@ -23,12 +23,20 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 
-def _rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
+def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
     """Run ``rewriter`` over every Relax function of ``mod``."""
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
     return rewriter.builder_.get()
+
+
+def bound_constant(rewriter: PyExprMutator, expr: relax.Expr) -> tvm.ir.GenericConst | None:
+    """The constant ``expr`` is, directly or through the variable bound to it; else None."""
+    if isinstance(expr, relax.Var):
+        bound = rewriter.lookup_binding(expr)
+        expr = expr if bound is None else bound
+    return expr if isinstance(expr, tvm.ir.GenericConst) else None
 
 
 _FOLDABLE = {
@@ -45,7 +53,7 @@ class FoldWeightLayout:
     """Replace ``op(constant)`` by a new constant for size-preserving layout ops."""
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return _rewrite_functions(mod, _ConstantFolder(mod))
+        return rewrite_functions(mod, _ConstantFolder(mod))
 
 
 @mutator
@@ -54,11 +62,8 @@ class _ConstantFolder(PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _FOLDABLE and call.args):
             return call
-        arg = call.args[0]
-        if isinstance(arg, relax.Var):
-            bound = self.lookup_binding(arg)
-            arg = arg if bound is None else bound
-        if not isinstance(arg, tvm.ir.GenericConst) or not isinstance(call.ty, relax.TensorType):
+        arg = bound_constant(self, call.args[0])
+        if arg is None or not isinstance(call.ty, relax.TensorType):
             return call
         try:
             data = _FOLDABLE[call.op.name](arg.value.numpy(), call)
@@ -72,7 +77,7 @@ class FoldTupleGetItem:
     """``t = (a, b); x = t[0]`` becomes ``x = a``."""
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return _rewrite_functions(mod, _TupleFolder(mod))
+        return rewrite_functions(mod, _TupleFolder(mod))
 
 
 @mutator

@@ -72,11 +72,12 @@ def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
 def _kind(block) -> tuple[str, int]:
     """The block's kind, and for an anchor whose operand is packed in column panels
     (``Wp[j // p, k, j % p]``, see ``relay_passes.pack_weights``) the panel width p."""
-    kind = _kind_of(block)
+    last_dims = _last_read_indices(block)
+    kind = _kind_of(block, last_dims)
     if kind != "anchor":
         return kind, 0
     spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
-    periods = [_period(e, spatial[-1]) for e in _last_read_indices(block)]
+    periods = [_period(e, spatial[-1]) for e in last_dims]
     return kind, min([p for p in periods if p], default=0)
 
 
@@ -96,11 +97,10 @@ def _period(expr, var) -> int:
     return 0
 
 
-def _kind_of(block) -> str:
+def _kind_of(block, last_dims: list) -> str:
     ivars = list(block.iter_vars)
     spatial = [iv.var for iv in ivars if int(iv.iter_type) == SPATIAL]
     reduce = [iv.var for iv in ivars if int(iv.iter_type) == REDUCE]
-    last_dims = _last_read_indices(block)
     if not reduce:
         if spatial and last_dims and not any(_unit_stride(e, spatial[-1]) or _constant(e) for e in last_dims):
             return "transpose"  # no read is contiguous along the innermost written axis

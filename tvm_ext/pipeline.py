@@ -143,10 +143,11 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``), a
     ``torch.export.ExportedProgram``, a ``tvm_ext.sym`` Symbol, an ONNX ``ModelProto`` or a
-    path to a ``.onnx`` file (with ``shape_dict`` for dynamic inputs). ``target`` defaults to this CPU with all its cores; ``fusion`` is ``"nnvm"``
-    (NNVM's fusion: anchors with their epilogues, injective chains, diamonds), ``"chains"``
-    (maximal elementwise/broadcast trees), ``"none"`` (one kernel per op), ``"each"`` (one
-    kernel per op, views included) or a partitioner (``relay_passes.FusePartition(...)``).
+    path to a ``.onnx`` file (with ``shape_dict`` for dynamic inputs). ``target`` defaults to
+    this CPU with all its cores; ``fusion`` is ``"nnvm"`` (NNVM's fusion: anchors with their
+    epilogues, injective chains, diamonds), ``"chains"`` (maximal elementwise/broadcast
+    trees), ``"none"`` (one kernel per op), ``"each"`` (one kernel per op, views included) or a
+    partitioner (``relay_passes.FusePartition(...)``).
     ``exact_math=True`` keeps libm's exp and sigmoid (scalar calls) instead of the
     vectorizable float32 forms of ``tvm_ext.fast_math``. ``tuning_db`` (a path or a
     ``schedules.TuningDatabase``, filled by ``tvm_ext.tune``) gives every kernel it has records
