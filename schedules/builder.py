@@ -213,9 +213,13 @@ class ScheduleBuilder:
         return ScheduleResult(kernel, list(self.choices), groups, func, str(self.sch.trace))
 
 
+_CACHE_LINE = 64  # bytes; x86 and most Arm cores
+
+
 def _prefetch_next_row(func: tirx.PrimFunc, loop: tirx.Var, span: int, row: tirx.Var, rows: int) -> tirx.PrimFunc:
-    """``func`` with a prefetch at the top of ``loop``'s body for each input shaped like the
-    output: element ``loop * span`` of row ``row + 1`` (the last row prefetches itself)."""
+    """``func`` with prefetches at the top of ``loop``'s body for each input shaped like the
+    output: the cache lines of elements ``loop * span`` to ``(loop + 1) * span`` of row ``row + 1``
+    (the last row prefetches itself)."""
     out = func.params[-1]
     shape = [int(d) for d in out.shape]
     n_rows, n_cols = math.prod(shape[:rows]), math.prod(shape[rows:])
@@ -228,16 +232,19 @@ def _prefetch_next_row(func: tirx.PrimFunc, loop: tirx.Var, span: int, row: tirx
         return tirx.const(value, dtype)
 
     step = loop if str(loop.ty) == dtype else tirx.Cast(dtype, loop)
-    flat = tirx.Min(row + c(1), c(n_rows - 1)) * c(n_cols) + step * c(span)
-    index, rest = [], flat
-    for extent in reversed(shape):
-        index.append(tirx.floormod(rest, c(extent)))
-        rest = tirx.floordiv(rest, c(extent))
-    index.reverse()
-    # llvm.prefetch(address, read, high locality, data cache); a prefetch never faults
-    hints = [tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0",
-                                                 tirx.address_of(tirx.BufferLoad(b, index)), 0, 3, 1))
-             for b in inputs]
+    hints = []
+    line = max(1, _CACHE_LINE // (tvm.DataType(out.dtype).bits // 8))
+    for offset in range(0, span, line):  # every cache line of the iteration's span
+        flat = tirx.Min(row + c(1), c(n_rows - 1)) * c(n_cols) + step * c(span) + c(offset)
+        index, rest = [], flat
+        for extent in reversed(shape):
+            index.append(tirx.floormod(rest, c(extent)))
+            rest = tirx.floordiv(rest, c(extent))
+        index.reverse()
+        # llvm.prefetch(address, read, high locality, data cache); a prefetch never faults
+        hints += [tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0",
+                                                      tirx.address_of(tirx.BufferLoad(b, index)), 0, 3, 1))
+                  for b in inputs]
 
     def visit(node: tirx.For) -> tirx.For:
         if not node.loop_var.same_as(loop):

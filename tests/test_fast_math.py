@@ -45,6 +45,18 @@ def test_exp_special_values():
     assert list(got[1:]) == [np.inf, 0.0, np.inf, 0.0, 1.0, np.inf, np.inf, np.inf, np.inf, 0.0, 0.0]
 
 
+def test_exp_nonpositive_leaves_out_only_the_overflow_clamp():
+    # for x <= 0 (softmax's x - max) both forms agree bit for bit, specials included; above
+    # the clamp only the full form is right, which is why an op must know its argument's sign
+    x = np.concatenate([-np.geomspace(1e-30, 200, 100_001), [0.0, -0.0, -87.0, -87.5, -np.inf, np.nan]])
+    x = x.astype("float32")
+    full = _run(fast_math.exp, x)
+    short = _run(lambda v: fast_math.exp(v, nonpositive=True), x)
+    np.testing.assert_array_equal(short, full)
+    big = np.array([100.0], "float32")
+    assert _run(fast_math.exp, big)[0] == np.inf and _run(lambda v: fast_math.exp(v, nonpositive=True), big)[0] != np.inf
+
+
 def test_sigmoid_relative_error():
     x = np.linspace(-80, 80, 1_000_001, dtype="float32")
     got = _run(fast_math.sigmoid, x).astype("float64")

@@ -220,6 +220,27 @@ def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(p
 
 
 @pytest.mark.parametrize("accumulators", [1, 4])
+def test_persistent_rows_prefetches_every_cache_line_an_iteration_covers(accumulators):
+    # log_softmax 8 x 512: the exp is summed in the reduction's own loop, accumulators x 16
+    # floats an iteration = accumulators cache lines of the next row, one prefetch each
+    mod = build_module(lambda x: R.nn.log_softmax(x, axis=-1), [((8, 512), "float32")])
+    pipe = tvm_ext.Pipeline(schedule=False)
+    func = next(f for f in pipe.lower(pipe.prepare(mod))[0].functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    builder = ScheduleBuilder(func)
+    PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1],
+                                  {"vector": 16, "prefetch": 1, "accumulators": accumulators})
+    result = builder.result("k")
+    text = result.script()
+    assert text.count("llvm.prefetch") == accumulators
+    sum_loop = text.split('with T.sblock("gv_max")')[1].split('with T.sblock("gv_sum_rf")')[0]
+    assert sum_loop.count("llvm.prefetch") == accumulators
+    x = np.random.default_rng(3).standard_normal((8, 512)).astype("float32") * 4
+    (got,) = _run(result.func, [x], [(8, 512)])
+    want = x - x.max(1, keepdims=True) - np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("accumulators", [1, 4])
 def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumulators):
     # softmax 64 x 512: the max of x keeps accumulators x 16 partial maxima (then combined as
     # vectors into 16 lanes); the sum of the exp stage stays one vector (in the stage's loop)

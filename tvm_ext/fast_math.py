@@ -13,14 +13,15 @@ from tvm import tirx
 PrimExpr = tirx.Expr
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] with ln 2 split
-# in two (Cody-Waite) so n * C1 is exact; exp(r) by a degree-6 polynomial in Horner form (six
-# FMAs), its coefficients fitted for least maximum relative error (Lawson's iteration, 2e-9
-# in float64; 1.1e-7 measured in float32, tests/test_fast_math.py).
+# in two (Cody-Waite) so n * C1 is exact; exp(r) by a degree-5 polynomial in Horner form (five
+# FMAs), its coefficients fitted for least maximum relative error (Lawson's iteration, 9.1e-8
+# in float64; 1.8e-7 measured in float32, tests/test_fast_math.py). The coefficients are
+# doubled (exactly, a power of two) so that the scale can be 2^(n-1): see exp.
 _LOG2E = 1.44269504088896341
 _C1 = 0.693359375
 _C2 = -2.12194440e-4
-_EXP_POLY = (0.0013843653723597527, 0.00837415549904108, 0.04166800156235695, 0.16666431725025177,
-             0.4999999403953552, 1.0, 1.0)
+_EXP_POLY = tuple(2.0 * c for c in (0.008290314115583897, 0.04189793020486832, 0.1666763573884964,
+                                     0.4999915063381195, 0.9999997019767761, 1.0))
 EXP_MAX = 88.72283172607421875  # the largest float32 whose exp is finite; above: +inf
 EXP_MIN = -86.98  # the accurate range starts here (n >= -125); below, results under 2^-124 may be 0
 _EXP_FLOOR = -87.0  # n = -126 here and below: the result is exactly 0 (denormals are flushed)
@@ -62,25 +63,29 @@ class _Lets:
         return body
 
 
-def exp(x: PrimExpr, let: bool = False) -> PrimExpr:
-    """exp for float32; relative error below 2e-7 on [EXP_MIN, EXP_MAX], +inf above, 0 below."""
+def exp(x: PrimExpr, let: bool = False, nonpositive: bool = False) -> PrimExpr:
+    """exp for float32; relative error below 2e-7 on [EXP_MIN, EXP_MAX], +inf above, 0 below.
+    ``nonpositive``: the caller knows ``x <= 0`` or NaN (``x - max(x)`` in softmax), so the
+    clamp against overflow is left out (one instruction of 15 a vector)."""
     lets = _Lets(let)
     x = lets(x, "x")
     # Clamp with selects a NaN passes through (it compares false both ways), so NaN stays NaN
     # with no test of its own. Above EXP_MAX the result overflows to +inf by itself; at the
     # floor n = -126 makes the scale's exponent field 0, so the result is exactly 0.
     xc = tirx.Select(x < _f(_EXP_FLOOR), _f(_EXP_FLOOR), x)
-    xc = lets(tirx.Select(xc > _f(_EXP_CLAMP), _f(_EXP_CLAMP), xc), "xc")
+    if not nonpositive:
+        xc = tirx.Select(xc > _f(_EXP_CLAMP), _f(_EXP_CLAMP), xc)
+    xc = lets(xc, "xc")
     # n = round(x log2 e) by the float adder: adding 1.5 * 2^23 leaves n in the low bits of t's
     # mantissa. (t is read back through its bits: TVM's simplifier folds (a + c) - c in floats.)
     t = lets(tirx.reinterpret("int32", xc * _f(_LOG2E) + _f(_ROUNDER)), "t", "int32")
     n = lets(tirx.reinterpret("float32", t) - _f(_ROUNDER), "n")
     r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
-    y = _horner(_EXP_POLY, r)
-    # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent), applied
-    # after doubling y so that no intermediate is denormal; n up to 129 stays in range
+    y = _horner(_EXP_POLY, r)  # 2 exp(r)
+    # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent): with y
+    # doubled no intermediate is denormal, and n up to 129 stays in range
     bits = tirx.shift_left(t + tirx.const(126, "int32"), tirx.const(23, "int32"))
-    return lets.wrap(y * _f(2.0) * tirx.reinterpret("float32", bits))
+    return lets.wrap(y * tirx.reinterpret("float32", bits))
 
 
 def divide(a: PrimExpr, b: PrimExpr, let: bool = False) -> PrimExpr:

@@ -338,6 +338,9 @@ _SCALAR_OP_LIST = [
     ScalarOp("abs", 1, te.abs),
     ScalarOp("sign", 1, _sign),
     ScalarOp("exp", 1, te.exp, float_only=True, te_fast=fast_math.exp),
+    # exp of an argument its op knows is <= 0 (x - max(x)): the fast form needs no overflow clamp
+    ScalarOp("exp_nonpositive", 1, te.exp, float_only=True,
+             te_fast=lambda x, let=False: fast_math.exp(x, let, nonpositive=True)),
     ScalarOp("log", 1, te.log, float_only=True, te_fast=fast_math.log),
     ScalarOp("sqrt", 1, te.sqrt, float_only=True),
     ScalarOp("rsqrt", 1, te.rsqrt, float_only=True),

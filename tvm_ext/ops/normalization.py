@@ -67,21 +67,25 @@ def _softmax(node: OpNode) -> TensorValue:
     axis = normalize_axes([node.attr("axis")], x.ndim, node.name)
     cdt = L.compute_dtype(node.out_dtype)
     m = reduce(node.kb, x, axis, "max", True, cdt, node.name + "_max")
-    e = node.kb.realize(pointwise(lambda v, mu: L.exp(v - mu), [x, m], cdt, node.name + "_exp"))
+    e = node.kb.realize(pointwise(lambda v, mu: L.exp_nonpositive(v - mu), [x, m], cdt, node.name + "_exp"))
     s = reduce(node.kb, e, axis, "sum", True, cdt, node.name + "_sum")
     return pointwise(lambda v, t: v * (1.0 / t), [e, s], node.out_dtype, node.name)  # 1/t: once per row
 
 
 @register_op("relax.nn.log_softmax", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_log_softmax)
 def _log_softmax(node: OpNode) -> TensorValue:
-    """x - max - log(sum(exp(x - max)))."""
+    """x - (max + log(sum(exp(x - max)))).
+
+    The row's log-sum-exp is realized once per row, so the output is one subtraction an
+    element."""
     x = node.args[0]
     axis = normalize_axes([node.attr("axis")], x.ndim, node.name)
     cdt = L.compute_dtype(node.out_dtype)
     m = reduce(node.kb, x, axis, "max", True, cdt, node.name + "_max")
-    e = pointwise(lambda v, mu: L.exp(v - mu), [x, m], cdt, node.name + "_exp")
+    e = pointwise(lambda v, mu: L.exp_nonpositive(v - mu), [x, m], cdt, node.name + "_exp")
     s = reduce(node.kb, e, axis, "sum", True, cdt, node.name + "_sum")
-    return pointwise(lambda v, mu, t: v - mu - L.log(t), [x, m, s], node.out_dtype, node.name)
+    lse = node.kb.realize(pointwise(lambda mu, t: mu + L.log(t), [m, s], cdt, node.name + "_lse"))
+    return pointwise(lambda v, c: v - c, [x, lse], node.out_dtype, node.name)
 
 
 def _layer_norm_emit(bb, inputs, attrs, name):
