@@ -11,7 +11,9 @@ imported Relax module (TVM's CPU pipeline: no fusion, unscheduled kernels); "eag
 the module; "compile" runs ``torch.compile`` (Inductor, CPU); "ORT" runs ONNX Runtime on
 the module exported to ONNX (the ``bench`` extra; skipped when absent). All use the same
 threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads). Every time is the median of ``--repeat``
-measurements; a ratio above 1 means tvm_ext (its best strategy) is faster. With ``--tune N``
+measurements (each ~20 ms of calls), taken in rounds that time every system once, so that a slow
+spell of the shared machine falls on all systems alike; a ratio above 1 means tvm_ext (its best
+strategy) is faster. With ``--tune N``
 each workload's kernels are first tuned with N trials (the first ``--fusion`` strategy;
 records in ``--tuning-db``, which a rerun continues), then compiled from the records: the
 "tuned" column, with its ratio to the untuned build of the same strategy and to
@@ -35,6 +37,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 
 THREADS = os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 os.environ.setdefault("OMP_NUM_THREADS", THREADS)
@@ -56,41 +59,65 @@ def _number(single_s: float) -> int:
     return max(1, int(0.02 / max(single_s, 1e-6)))
 
 
-def median_ms(fn, repeat: int) -> float:
+def py_timer(fn) -> Callable[[], float]:
+    """A measurement of a Python callable: ms per call, the mean of enough calls for ~20 ms."""
     fn()
     t0 = time.perf_counter()
     fn()
     number = _number(time.perf_counter() - t0)
-    times = []
-    for _ in range(repeat):
+
+    def measure() -> float:
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
-        times.append((time.perf_counter() - t0) / number * 1e3)
-    return statistics.median(times)
+        return (time.perf_counter() - t0) / number * 1e3
+    return measure
 
 
-def vm_median_ms(vm, args, repeat: int) -> float:
-    """TVM's time_evaluator on the Relax VM: how both tvm_ext and TVM are timed. A run over a
-    second (TVM's unscheduled GEMMs: 50 s at 2048) gets 3 repeats, not ``repeat``."""
-    single = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1)(*args).median
-    repeat = min(repeat, 3) if single > 1.0 else repeat
-    result = vm.time_evaluator("main", tvm.cpu(), number=_number(single), repeat=repeat)(*args)
-    return statistics.median(result.results) * 1e3
+def median_ms(fn, repeat: int) -> float:
+    measure = py_timer(fn)
+    return statistics.median(measure() for _ in range(repeat))
 
 
-def copy_ms(nbytes: int, repeat: int = 9) -> float:
-    """Median time of the fastest copy that reads and writes ``nbytes`` in all: numpy's memcpy
-    (one thread) or a parallel, vectorized TVM copy on every thread."""
+def evaluator_timer(module, args) -> tuple[Callable[[], float], float]:
+    """A measurement of ``module["main"](*args)`` (a Relax VM or a compiled library) by TVM's
+    time_evaluator, and the seconds one call takes."""
+    single = module.time_evaluator("main", tvm.cpu(), number=1, repeat=1)(*args).median
+    evaluate = module.time_evaluator("main", tvm.cpu(), number=_number(single), repeat=1)
+    return (lambda: evaluate(*args).median * 1e3), single
+
+
+def model_timer(compiled: tvm_ext.CompiledModel, xn: np.ndarray) -> Callable[[], float]:
+    """A measurement of a tvm_ext model by its own ``benchmark`` (TVM's time_evaluator)."""
+    number = _number(compiled.benchmark(xn, number=1, repeat=1).median_ms / 1e3)
+    return lambda: compiled.benchmark(xn, number=number, repeat=1).median_ms
+
+
+_POOL_SETTLE_S = 0.15
+
+
+def interleaved_medians(timers: dict, repeat: int, slow: frozenset = frozenset()) -> dict[str, float]:
+    """Median per system of ``repeat`` measurements taken in rounds, one of every system a
+    round, so a slow spell of the shared machine falls on all of them alike rather than on
+    whichever was being timed. The ``slow`` ones (over a second a call) get 3 rounds. A pause
+    follows each measurement: the thread pools (TVM's, OpenMP's, ONNX Runtime's) spin a while
+    after their work, and on 2 cores a spinning pool halves the next system's threads (TVM's
+    copy at 1.07 ms right after PyTorch, 0.33 ms after a 0.1 s pause)."""
+    times = {name: [] for name in timers}
+    for round_ in range(repeat):
+        for name, measure in timers.items():
+            if name not in slow or round_ < 3:
+                times[name].append(measure())
+                time.sleep(_POOL_SETTLE_S)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def copy_timers(nbytes: int) -> dict:
+    """Measurements of the fastest copies that read and write ``nbytes`` in all: numpy's memcpy
+    (one thread) and a parallel, vectorized TVM copy on every thread."""
     n = max(16, nbytes // 8 // 16 * 16)
     a = np.ones(n, np.float32)
     b = np.empty_like(a)
-    times = []
-    for _ in range(repeat + 2):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        times.append(time.perf_counter() - t0)
-    numpy_ms = statistics.median(times[2:]) * 1e3
     src = tvm.te.placeholder((n,), "float32", name="src")
     dst = tvm.te.compute((n,), lambda i: src[i], name="dst")
     sch = tvm.s_tir.Schedule(tvm.te.create_prim_func([src, dst]))
@@ -99,9 +126,8 @@ def copy_ms(nbytes: int, repeat: int = 9) -> float:
     sch.vectorize(inner)
     sch.parallel(outer)
     lib = tvm.compile(sch.mod, tvm_ext.host_target())
-    ta, tb = tvm.runtime.tensor(a), tvm.runtime.empty((n,), "float32")
-    result = lib.mod.time_evaluator("main", tvm.cpu(), number=_number(numpy_ms / 1e3), repeat=repeat)(ta, tb)
-    return min(numpy_ms, statistics.median(result.results) * 1e3)
+    tvm_copy, _ = evaluator_timer(lib.mod, [tvm.runtime.tensor(a), tvm.runtime.empty((n,), "float32")])
+    return {"copy:numpy": py_timer(lambda: np.copyto(b, a)), "copy:tvm": tvm_copy}
 
 
 def must_move_bytes(mod: tvm.IRModule) -> int:
@@ -140,39 +166,47 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     with torch.no_grad():
         ref = module(x).numpy()
     row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True}
+    timers, slow = {}, set()
     for fusion in fusions:
         compiled = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
         row["ok"] &= bool(np.allclose(compiled(xn), ref, rtol=1e-3, atol=1e-3))
-        single = compiled.benchmark(xn, number=1, repeat=1).median_ms / 1e3
-        row["ours_ms"][fusion] = compiled.benchmark(xn, number=_number(single), repeat=repeat).median_ms
+        timers[f"ours:{fusion}"] = model_timer(compiled, xn)
         row["kernels"][fusion] = compiled.report().num_kernels
-    row["tuned_ms"] = None
     if tune_trials:
         progress = lambda line: print(f"  [{name}] {line}", file=sys.stderr) if line else None  # noqa: E731
         tvm_ext.tune(imported, db=tuning_db, trials=tune_trials, target=target, fusion=VARIANTS[fusions[0]](),
                      progress=progress)
         tuned = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusions[0]](), tuning_db=tuning_db)
         row["ok"] &= bool(np.allclose(tuned(xn), ref, rtol=1e-3, atol=1e-3))
-        single = tuned.benchmark(xn, number=1, repeat=1).median_ms / 1e3
-        row["tuned_ms"] = tuned.benchmark(xn, number=_number(single), repeat=repeat).median_ms
-    row["tvm_ms"] = vm_median_ms(tvm_default_build(imported, target), [tvm.runtime.tensor(xn)], repeat)
+        timers["tuned"] = model_timer(tuned, xn)
+    timers["tvm"], single = evaluator_timer(tvm_default_build(imported, target), [tvm.runtime.tensor(xn)])
+    if single > 1.0:  # TVM's unscheduled GEMMs: 50 s a call at 2048
+        slow.add("tvm")
     row["tvm_fused_kernels"] = tvm_fused_kernel_count(imported)
-    row["ort_ms"] = onnxruntime_ms(module, x, repeat) if with_ort else None
+    session_run = onnxruntime_session(module, x) if with_ort else None
+    if session_run is not None:
+        timers["ort"] = py_timer(session_run)
     with torch.no_grad():
-        row["eager_ms"] = median_ms(lambda: module(x), repeat)
-        row["compile_ms"] = None
+        timers["eager"] = py_timer(lambda: module(x))
         if with_compile:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 compiled_torch = torch.compile(module)
                 compiled_torch(x)
-                row["compile_ms"] = median_ms(lambda: compiled_torch(x), repeat)
+                timers["compile"] = py_timer(lambda: compiled_torch(x))
+        row["must_move_bytes"] = must_move_bytes(imported)
+        if workload.memory_bound:
+            timers.update(copy_timers(row["must_move_bytes"]))
+        ms = interleaved_medians(timers, repeat, frozenset(slow))
+    row["ours_ms"] = {f: ms[f"ours:{f}"] for f in fusions}
+    row["tuned_ms"] = ms.get("tuned")
+    row["tvm_ms"], row["ort_ms"], row["eager_ms"] = ms["tvm"], ms.get("ort"), ms["eager"]
+    row["compile_ms"] = ms.get("compile")
+    row["roofline_ms"] = min(ms["copy:numpy"], ms["copy:tvm"]) if workload.memory_bound else None
     row["best"] = min(row["ours_ms"], key=row["ours_ms"].get)
     best = row["ours_ms"][row["best"]]
     row["vs_tvm"], row["vs_eager"] = row["tvm_ms"] / best, row["eager_ms"] / best
     row["vs_compile"] = row["compile_ms"] / best if row["compile_ms"] else None
-    row["must_move_bytes"] = must_move_bytes(imported)
-    row["roofline_ms"] = copy_ms(row["must_move_bytes"]) if workload.memory_bound else None
     row["x_roof"] = best / row["roofline_ms"] if row["roofline_ms"] else None
     row["vs_ort"] = row["ort_ms"] / best if row["ort_ms"] else None
     row["tuned_vs_untuned"] = row["ours_ms"][fusions[0]] / row["tuned_ms"] if row["tuned_ms"] else None
@@ -183,9 +217,9 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     return row
 
 
-def onnxruntime_ms(module, x, repeat: int) -> float | None:
-    """ONNX Runtime (CPU, intra-op threads = ours) on the module exported to ONNX; None when
-    onnxruntime (the ``bench`` extra) is not installed or the export fails."""
+def onnxruntime_session(module, x):
+    """A call of ONNX Runtime (CPU, intra-op threads = ours) on the module exported to ONNX;
+    None when onnxruntime (the ``bench`` extra) is not installed or the export fails."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -203,7 +237,7 @@ def onnxruntime_ms(module, x, repeat: int) -> float | None:
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(buf.getvalue(), options, providers=["CPUExecutionProvider"])
     feed = {"x": x.numpy()}
-    return median_ms(lambda: session.run(None, feed), repeat)
+    return lambda: session.run(None, feed)
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
