@@ -74,11 +74,6 @@ def py_timer(fn) -> Callable[[], float]:
     return measure
 
 
-def median_ms(fn, repeat: int) -> float:
-    measure = py_timer(fn)
-    return statistics.median(measure() for _ in range(repeat))
-
-
 def evaluator_timer(module, args) -> tuple[Callable[[], float], float]:
     """A measurement of ``module["main"](*args)`` (a Relax VM or a compiled library) by TVM's
     time_evaluator, and the seconds one call takes."""
