@@ -181,7 +181,10 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     session_run = onnxruntime_session(module, x) if with_ort else None
     if session_run is not None:
         timers["ort"] = py_timer(session_run)
-    with torch.no_grad():
+    row["must_move_bytes"] = must_move_bytes(imported)
+    if workload.memory_bound:
+        timers.update(copy_timers(row["must_move_bytes"]))
+    with torch.no_grad():  # the eager and torch.compile timers call the module
         timers["eager"] = py_timer(lambda: module(x))
         if with_compile:
             with warnings.catch_warnings():
@@ -189,9 +192,6 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
                 compiled_torch = torch.compile(module)
                 compiled_torch(x)
                 timers["compile"] = py_timer(lambda: compiled_torch(x))
-        row["must_move_bytes"] = must_move_bytes(imported)
-        if workload.memory_bound:
-            timers.update(copy_timers(row["must_move_bytes"]))
         ms = interleaved_medians(timers, repeat, frozenset(slow))
     row["ours_ms"] = {f: ms[f"ours:{f}"] for f in fusions}
     row["tuned_ms"] = ms.get("tuned")

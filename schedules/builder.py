@@ -232,11 +232,11 @@ def _prefetch_next_row(func: tirx.PrimFunc, loop: tirx.Var, span: int, row: tirx
         return tirx.const(value, dtype)
 
     step = loop if str(loop.ty) == dtype else tirx.Cast(dtype, loop)
+    start = tirx.Min(row + c(1), c(n_rows - 1)) * c(n_cols) + step * c(span)
     hints = []
     line = max(1, _CACHE_LINE // (tvm.DataType(out.dtype).bits // 8))
     for offset in range(0, span, line):  # every cache line of the iteration's span
-        flat = tirx.Min(row + c(1), c(n_rows - 1)) * c(n_cols) + step * c(span) + c(offset)
-        index, rest = [], flat
+        index, rest = [], start + c(offset)
         for extent in reversed(shape):
             index.append(tirx.floormod(rest, c(extent)))
             rest = tirx.floordiv(rest, c(extent))

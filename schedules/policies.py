@@ -449,8 +449,8 @@ class PersistentRows(Policy):
                 if len(lanes) == 2:
                     impl.mark_unrolled(lanes[0])
                 impl.mark_vectorized(lanes[-1])
-                builder.groups[name].role = builder.groups[name].role if name in combines.values() \
-                    else "vector partial sums"
+                if name in partials.values():
+                    builder.groups[name].role = "vector partial sums"
             elif not any(impl[n].reduce for n in own) and own:
                 tail = impl.merge_all(own) if len(own) > 1 else own[0]
                 outer = self.vectorize_tail(builder, name, tail, vector_factor(impl[tail].size, vector))

@@ -114,11 +114,16 @@ def _matmul(m, k_, n, epilogue=False):
     return te.create_prim_func([A, B, C])
 
 
-def _softmax(rows, cols):
-    mod = build_module(lambda x: R.nn.softmax(x, axis=-1), [((rows, cols), "float32")])
+def _row_kernel(op, rows, cols):
+    """The one unscheduled kernel our pipeline makes of ``op(x)`` for x of (rows, cols)."""
+    mod = build_module(op, [((rows, cols), "float32")])
     pipe = tvm_ext.Pipeline(schedule=False)
     lowered, _ = pipe.lower(pipe.prepare(mod))
     return next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def _softmax(rows, cols):
+    return _row_kernel(lambda x: R.nn.softmax(x, axis=-1), rows, cols)
 
 
 def _run(func, inputs, out_shapes):
@@ -223,9 +228,7 @@ def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(p
 def test_persistent_rows_prefetches_every_cache_line_an_iteration_covers(accumulators):
     # log_softmax 8 x 512: the exp is summed in the reduction's own loop, accumulators x 16
     # floats an iteration = accumulators cache lines of the next row, one prefetch each
-    mod = build_module(lambda x: R.nn.log_softmax(x, axis=-1), [((8, 512), "float32")])
-    pipe = tvm_ext.Pipeline(schedule=False)
-    func = next(f for f in pipe.lower(pipe.prepare(mod))[0].functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    func = _row_kernel(lambda x: R.nn.log_softmax(x, axis=-1), 8, 512)
     builder = ScheduleBuilder(func)
     PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1],
                                   {"vector": 16, "prefetch": 1, "accumulators": accumulators})
