@@ -4,14 +4,18 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
+from relay_passes.plan_memory import PLANNED_ENTRY, RELEASE, PlannedEntry
 from tvm_ext.errors import InputError
+from tvm_ext.host_memory import BufferPool
 from tvm_ext.report import FusionReport
 
 
@@ -42,6 +46,7 @@ class BenchmarkResult:
 
 
 def signature_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
+    """The inputs of ``entry``, in order."""
     specs = []
     for p in mod[entry].params:
         ty = p.ty
@@ -54,44 +59,165 @@ def signature_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
 
 
 class CompiledModel:
-    """A model compiled for the Relax VM. Call it like a function on numpy arrays."""
+    """A model compiled for the Relax VM. Call it like a function on numpy arrays.
+
+    The call costs little more than its kernels: inputs go in through DLPack without a copy
+    (C-contiguous numpy arrays, torch tensors, TVM tensors); the intermediates live in one
+    workspace planned by PlanMemory and allocated once per thread; outputs are written into
+    pooled buffers (``tvm_ext.host_memory``) that come back to the caller through DLPack,
+    numpy arrays for numpy inputs, torch tensors for torch inputs, TVM tensors for TVM
+    tensors. A buffer is reused once the caller drops every array made from it. Each thread
+    that calls gets its own VM and workspace (the Relax VM is not re-entrant).
+    """
 
     def __init__(self, executable: tvm.runtime.Executable, inputs: Sequence[TensorSpec],
-                 report: FusionReport, target: str = ""):
+                 report: FusionReport, target: str = "", entry: PlannedEntry | None = None,
+                 outputs: Sequence[TensorSpec] = ()):
         self.executable = executable
         self.inputs = list(inputs)
+        self.outputs = list(outputs)
         self.target = target
+        self.entry = entry if entry is not None and _numpy_dtypes(entry) else None
         self.lowered_module: tvm.IRModule | None = None  # set by the pipeline, for inspection
         self._report = report
         self._device = tvm.cpu(0)
-        self._vm = relax.VirtualMachine(executable, self._device)
+        self._pool = BufferPool()
+        self._local = threading.local()
+        self._symbolic = any(isinstance(d, str) for s in self.inputs for d in s.shape)
 
     # ------------------------------------------------------------------ running
-    def __call__(self, *args: Any) -> Any:
-        """Run on numpy arrays (or torch / TVM tensors); returns numpy arrays."""
-        return _to_numpy(self._vm["main"](*self._device_args(args)))
+    def __call__(self, *args: Any, out: Any = None) -> Any:
+        """Run on numpy arrays (or torch / TVM tensors); returns arrays of the same kind.
 
-    def _device_args(self, args: Sequence[Any]) -> list:
+        ``out`` (an array, or a tuple with one per output) receives the results in buffers the
+        caller owns; they are returned.
+        """
+        tensors, kind = self._device_args(args)
+        vm, workspace = self._runner()
+        if self.entry is None:
+            result = vm["main"](*tensors)
+            vm[RELEASE]()
+            leaves = list(result) if _is_array(result) else [result]
+            shared = [True] * len(leaves)
+        else:
+            dests, owned = self._destinations(out, args)
+            result = vm[PLANNED_ENTRY](*tensors, workspace, *dests)
+            vm[RELEASE]()
+            leaves = list(result) if _is_array(result) else [result]
+            shared = [d is not None for d in self.entry.returned]
+        if out is not None:
+            return self._into(out, leaves)
+        values = [_export(leaf, kind, copy=not ok) for leaf, ok in zip(leaves, shared)]
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def _runner(self) -> tuple[relax.VirtualMachine, Any]:
+        """This thread's VM and workspace, made on its first call."""
+        runner = getattr(self._local, "runner", None)
+        if runner is None:
+            vm = relax.VirtualMachine(self.executable, self._device)
+            workspace = None
+            if self.entry is not None:
+                workspace = tvm_ffi.from_dlpack(self._pool.take((self.entry.workspace_bytes,), "uint8"),
+                                                require_alignment=64)
+            runner = self._local.runner = (vm, workspace)
+        return runner
+
+    def _destinations(self, out: Any, args: Sequence[Any]) -> tuple[list, list]:
+        """One tensor per destination of ``main_planned``: the caller's ``out`` buffer where a
+        returned output is exactly that destination, else a pooled buffer."""
+        given = self._out_buffers(out, args) if out is not None else None
+        dests: list = [None] * len(self.entry.outputs)
+        if given is not None:
+            for leaf, d in enumerate(self.entry.returned):
+                shape, dtype = self.entry.outputs[d] if d is not None else ((), "")
+                if d is not None and dests[d] is None and _nbytes(self.outputs[leaf]) == _nbytes_of(shape, dtype):
+                    dests[d] = tvm_ffi.from_dlpack(_reshaped(given[leaf], shape), require_alignment=1)
+        owned = []
+        for d, (shape, dtype) in enumerate(self.entry.outputs):
+            if dests[d] is None:
+                array = self._pool.take(shape, dtype)
+                owned.append(array)
+                dests[d] = tvm_ffi.from_dlpack(array, require_alignment=64)
+        return dests, owned
+
+    def _out_buffers(self, out: Any, args: Sequence[Any]) -> list:
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(outs) != len(self.outputs):
+            raise InputError(f"out= must hold {len(self.outputs)} buffers "
+                             f"({', '.join(str(s) for s in self.outputs)}), got {len(outs)}")
+        for i, (spec, buf) in enumerate(zip(self.outputs, outs)):
+            shape, dtype, contiguous, writeable = _describe(buf)
+            where = f"out[{i}] (output '{spec.name}')"
+            if tuple(shape) != tuple(spec.shape) or dtype != spec.dtype:
+                raise InputError(f"{where} must be a {spec.dtype} array of shape {list(spec.shape)}, "
+                                 f"got {dtype} {list(shape)}; allocate it with "
+                                 f"np.empty({tuple(spec.shape)}, '{spec.dtype}')")
+            if not contiguous:
+                raise InputError(f"{where} is not C-contiguous; pass np.empty(...) or np.ascontiguousarray(...)")
+            if not writeable:
+                raise InputError(f"{where} is read-only; pass a writeable array")
+            for j, arg in enumerate(args):
+                if _overlaps(buf, arg):
+                    raise InputError(f"{where} shares memory with input '{self.inputs[j].name}'; "
+                                     f"the kernels would overwrite it while reading it. Pass a separate buffer")
+        return outs
+
+    def _into(self, out: Any, leaves: list) -> Any:
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        for buf, leaf in zip(outs, leaves):
+            src = np.from_dlpack(leaf)
+            dst = _as_numpy_view(buf)
+            if src.ctypes.data != dst.ctypes.data:
+                np.copyto(dst, src.reshape(dst.shape))
+        return out
+
+    def _device_args(self, args: Sequence[Any]) -> tuple[list, str]:
         if len(args) != len(self.inputs):
             expected = ", ".join(str(s) for s in self.inputs)
             raise InputError(f"expected {len(self.inputs)} inputs ({expected}), got {len(args)}")
-        return [self._check(spec, i, a) for i, (spec, a) in enumerate(zip(self.inputs, args))]
+        kinds = set()
+        dims: dict = {}
+        tensors = []
+        for i, (spec, arg) in enumerate(zip(self.inputs, args)):
+            tensor, kind = self._check(spec, i, arg, dims)
+            tensors.append(tensor)
+            kinds.add(kind)
+        kind = kinds.pop() if len(kinds) == 1 else "numpy"
+        return tensors, kind
 
-    def _check(self, spec: TensorSpec, i: int, arg: Any):
+    def _check(self, spec: TensorSpec, i: int, arg: Any, dims: dict) -> tuple[Any, str]:
+        where = f"input '{spec.name}' (argument {i})"
         if isinstance(arg, tvm.runtime.Tensor):
-            shape, dtype = tuple(arg.shape), str(arg.dtype)
-            tensor = arg
+            kind, array, shape, dtype = "tvm", None, tuple(arg.shape), str(arg.dtype)
+        elif _is_torch(arg):
+            if arg.device.type != "cpu":
+                raise InputError(f"{where} is on {arg.device}; this model runs on the CPU, pass x.cpu()")
+            kind, array, shape, dtype = "torch", arg.detach(), tuple(arg.shape), str(arg.dtype).replace("torch.", "")
         else:
-            array = np.asarray(arg.detach().cpu().numpy() if hasattr(arg, "detach") else arg)
-            shape, dtype = array.shape, str(array.dtype)
-            tensor = None
+            array = arg if isinstance(arg, np.ndarray) else np.asarray(arg)
+            kind, shape, dtype = "numpy", array.shape, str(array.dtype)
         if len(shape) != len(spec.shape) or any(isinstance(d, int) and d != s for d, s in zip(spec.shape, shape)):
-            raise InputError(f"input '{spec.name}' (argument {i}) must have shape {list(spec.shape)}, "
-                             f"got {list(shape)}")
+            raise InputError(f"{where} must have shape {list(spec.shape)}, got {list(shape)}")
+        if self._symbolic:
+            for d, s in zip(spec.shape, shape):
+                if isinstance(d, str) and dims.setdefault(d, s) != s:
+                    raise InputError(f"{where}: dim '{d}' is {s} here but {dims[d]} in an earlier input; "
+                                     f"inputs that share a dim must agree on its size")
         if dtype != spec.dtype:
-            raise InputError(f"input '{spec.name}' (argument {i}) must be {spec.dtype}, got {dtype}; "
+            raise InputError(f"{where} must be {spec.dtype}, got {dtype}; "
                              f"convert it with .astype('{spec.dtype}')")
-        return tensor if tensor is not None else tvm.runtime.tensor(np.asarray(array, order="C"), self._device)
+        if kind == "tvm":
+            return arg, kind
+        if kind == "torch":
+            if not array.is_contiguous():
+                raise InputError(f"{where} is not contiguous; pass x.contiguous()")
+            return tvm_ffi.from_dlpack(array, require_alignment=array.element_size()), kind
+        if not array.flags.c_contiguous:
+            raise InputError(f"{where} is not C-contiguous (a transposed or strided view); "
+                             f"pass np.ascontiguousarray(x)")
+        if array.ctypes.data % max(1, array.itemsize) or not array.flags.writeable:
+            array = array.copy()  # DLPack exports neither misaligned nor read-only arrays
+        return tvm_ffi.from_dlpack(array, require_alignment=max(1, array.itemsize)), kind
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs matching the signature (symbolic dims set to 1), for timing and smoke tests."""
@@ -109,26 +235,35 @@ class CompiledModel:
 
     def benchmark(self, *args: Any, number: int = 10, repeat: int = 7,
                   min_repeat_ms: int = 0) -> BenchmarkResult:
-        """Median of ``repeat`` timings, each the mean of ``number`` calls (after one warm-up)."""
-        tensors = self._device_args(args or self.random_inputs())
-        evaluator = self._vm.time_evaluator("main", self._device, number=number, repeat=repeat,
-                                            min_repeat_ms=min_repeat_ms)
-        times = [t * 1e3 for t in evaluator(*tensors).results]
+        """Kernels only: median of ``repeat`` timings, each the mean of ``number`` calls (after
+        one warm-up), on arguments converted beforehand. A user's call also converts its
+        arguments and results; time ``compiled(x)`` itself to see that."""
+        tensors, _ = self._device_args(args or self.random_inputs())
+        vm, workspace = self._runner()
+        if self.entry is None:
+            name, call_args = "main", tensors
+        else:
+            dests, self._bench_outputs = self._destinations(None, args)
+            name, call_args = PLANNED_ENTRY, [*tensors, workspace, *dests]
+        evaluator = vm.time_evaluator(name, self._device, number=number, repeat=repeat,
+                                      min_repeat_ms=min_repeat_ms)
+        times = [t * 1e3 for t in evaluator(*call_args).results]
         return BenchmarkResult(statistics.median(times), statistics.fmean(times), min(times),
                                statistics.pstdev(times), len(times))
 
     # ------------------------------------------------------------------ inspection
     def report(self) -> FusionReport:
-        """One line per kernel: its ops, fuse pattern, bytes read and written."""
+        """One line per kernel: its ops, fuse pattern, bytes read and written; and the memory plan."""
         return self._report
 
     # ------------------------------------------------------------------ export / load
     def export(self, path: str | os.PathLike) -> None:
-        """Write the shared library to ``path`` and its signature and report to ``path.json``."""
+        """Write the shared library to ``path`` and its signature, report and calling convention to ``path.json``."""
         path = os.fspath(path)
         self.executable.export_library(path)
-        meta = {"inputs": [asdict(s) for s in self.inputs], "report": self._report.to_dict(),
-                "target": self.target}
+        meta = {"inputs": [asdict(s) for s in self.inputs], "outputs": [asdict(s) for s in self.outputs],
+                "report": self._report.to_dict(), "target": self.target,
+                "entry": self.entry.to_dict() if self.entry is not None else None}
         with open(path + ".json", "w") as f:
             json.dump(meta, f, indent=1)
 
@@ -140,13 +275,90 @@ class CompiledModel:
             meta = json.load(f)
         executable = tvm.runtime.load_module(path)
         inputs = [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta["inputs"]]
-        return cls(executable, inputs, FusionReport.from_dict(meta["report"]), meta.get("target", ""))
+        outputs = [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta.get("outputs", [])]
+        entry = PlannedEntry.from_dict(meta["entry"]) if meta.get("entry") else None
+        return cls(executable, inputs, FusionReport.from_dict(meta["report"]), meta.get("target", ""),
+                   entry=entry, outputs=outputs)
 
 
-def _to_numpy(value: Any) -> Any:
-    if isinstance(value, tvm.runtime.Tensor):
-        return value.numpy()
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        items = [_to_numpy(v) for v in value]
+def outputs_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
+    """The returned tensors of ``entry`` (a tuple's fields, or the one tensor)."""
+    ty = mod[entry].ret_ty
+    fields = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+    specs = []
+    for i, f in enumerate(fields):
+        if isinstance(f, relax.TensorType) and isinstance(f.shape, relax.ShapeExpr):
+            dims = tuple(int(d) if isinstance(d, tirx.IntImm) else str(d) for d in f.shape.values)
+            specs.append(TensorSpec(f"output{i}", dims, str(f.dtype)))
+        else:
+            specs.append(TensorSpec(f"output{i}", (), str(getattr(f, "dtype", "?"))))
+    return specs
+
+
+def _numpy_dtypes(entry: PlannedEntry) -> bool:
+    try:
+        return all(np.dtype(d) is not None for _, d in entry.outputs)
+    except TypeError:  # bfloat16 and the like: the VM allocates those outputs itself
+        return False
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or type(value).__name__ == "Array"
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _nbytes_of(shape: tuple, dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * tvm.DataType(dtype).bits // 8
+
+
+def _nbytes(spec: TensorSpec) -> int:
+    return -1 if any(isinstance(d, str) for d in spec.shape) else _nbytes_of(spec.shape, spec.dtype)
+
+
+def _describe(buf: Any) -> tuple[tuple, str, bool, bool]:
+    if isinstance(buf, tvm.runtime.Tensor):
+        return tuple(buf.shape), str(buf.dtype), True, True
+    if _is_torch(buf):
+        return tuple(buf.shape), str(buf.dtype).replace("torch.", ""), buf.is_contiguous(), True
+    if isinstance(buf, np.ndarray):
+        return buf.shape, str(buf.dtype), buf.flags.c_contiguous, buf.flags.writeable
+    raise InputError(f"out= takes numpy arrays, torch tensors or TVM tensors, got {type(buf).__name__}")
+
+
+def _as_numpy_view(buf: Any) -> np.ndarray:
+    return buf if isinstance(buf, np.ndarray) else np.from_dlpack(buf)
+
+
+def _reshaped(buf: Any, shape: tuple) -> Any:
+    return _as_numpy_view(buf).reshape(shape)
+
+
+def _overlaps(buf: Any, arg: Any) -> bool:
+    try:
+        return np.may_share_memory(_as_numpy_view(buf), _as_numpy_view(arg))
+    except (TypeError, BufferError, RuntimeError, ValueError):
+        return False
+
+
+def _export(value: Any, kind: str, copy: bool) -> Any:
+    """A VM result as the caller's kind of array, sharing its memory unless ``copy``."""
+    if _is_array(value):  # a nested tuple; one of one item is that item, as at the top level
+        items = [_export(v, kind, copy) for v in value]
         return items[0] if len(items) == 1 else tuple(items)
-    return value
+    if not isinstance(value, tvm.runtime.Tensor):
+        return value
+    if kind == "tvm":
+        return value.copyto(tvm.cpu(0)) if copy else value
+    if kind == "torch":
+        import torch
+
+        t = torch.from_dlpack(value)
+        return t.clone() if copy else t
+    try:
+        array = np.from_dlpack(value)
+    except (TypeError, BufferError, RuntimeError):  # a dtype numpy lacks (bfloat16)
+        return value.numpy()
+    return array.copy() if copy else array

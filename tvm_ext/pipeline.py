@@ -14,13 +14,15 @@ import tvm
 from tvm import relax
 
 from relay_passes.pack_weights import PackMatmulWeights
+from relay_passes.plan_memory import PlanMemory
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS
 from schedules import Machine, ScheduleKernels
 from schedules.history import ApplyHistoryBest
-from tvm_ext.compiled_model import CompiledModel, signature_of
+from tvm_ext.build_pipeline import TIR_PIPELINE, relax_pipeline
+from tvm_ext.compiled_model import CompiledModel, outputs_of, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
 from tvm_ext.registry import OPS, OpRegistry
@@ -106,8 +108,12 @@ class Pipeline:
         return self.scheduler
 
     def build(self, lowered: tvm.IRModule, source: tvm.IRModule, report: FusionReport) -> CompiledModel:
+        """PlanMemory and the rest of TVM's VM lowering, then code generation."""
+        plan = PlanMemory(self.registry)
         try:
-            executable = tvm.compile(lowered, self.target)
+            with self.target:
+                vm_module = relax_pipeline(plan)(lowered)
+            executable = tvm.compile(vm_module, self.target, relax_pipeline=None, tir_pipeline=TIR_PIPELINE)
         except Exception as err:
             unknown = unlowered_ops(lowered)  # ops TVM's later passes (sort, scan) did not take either
             if unknown:
@@ -118,7 +124,9 @@ class Pipeline:
                     f"tvm_ext.register_op('{op}', pattern, lower=...) or rewrite the model without this op."
                 ) from err
             raise CompileError(f"TVM failed to build the lowered module: {_last_line(err)}") from err
-        return CompiledModel(executable, signature_of(source), report, str(self.target))
+        report.memory = plan.reports.get("main")
+        return CompiledModel(executable, signature_of(source), report, str(self.target), entry=plan.entry,
+                             outputs=outputs_of(source))
 
     def run(self, model: Any, example_inputs: Sequence[Any] | None = None,
             shape_dict: dict | None = None) -> CompiledModel:

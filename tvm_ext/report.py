@@ -36,11 +36,36 @@ class Decision:
 
 
 @dataclass
+class MemoryReport:
+    """Bytes of intermediate storage of one function, by several planners (outputs excluded)."""
+
+    planned: int  # this plan
+    naive: int  # every intermediate in its own buffer
+    tvm_static: int | None  # the same function through relax.transform.StaticPlanBlockMemory
+    lower_bound: int  # the largest sum of live bytes at any step of the execution order
+    inplace: int  # in-place reuses
+    allocator: str = "best-fit"  # the seed's best-fit (blocks end to end) or "offsets" (greedy by size)
+    match_range: int = 0  # best-fit: the m that gave the smallest total
+    storages: int = 0  # best-fit blocks, or in-place chains placed by offset
+    order: str = "program order (bindings as emitted, topological)"
+
+    def __str__(self) -> str:
+        def mb(n):
+            return "-" if n is None else f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+        ratio = f"{self.planned / self.lower_bound:.2f}x" if self.lower_bound else "-"
+        how = f"best-fit, match_range {self.match_range}" if self.allocator == "best-fit" else "packed by offset"
+        return (f"memory: planned {mb(self.planned)} ({self.storages} storages, {how}, "
+                f"{self.inplace} in place), naive {mb(self.naive)}, TVM StaticPlanBlockMemory "
+                f"{mb(self.tvm_static)}, lower bound {mb(self.lower_bound)} ({ratio} of it); {self.order}")
+
+
+@dataclass
 class FusionReport:
     kernels: list[KernelInfo] = field(default_factory=list)
     views: list[str] = field(default_factory=list)  # ops that run as zero-copy reshapes
     decisions: list[Decision] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)  # group -> why TVM kept its ops
+    memory: MemoryReport | None = None  # PlanMemory's figures for ``main`` (None: not planned)
 
     @property
     def num_kernels(self) -> int:
@@ -56,7 +81,8 @@ class FusionReport:
     @classmethod
     def from_dict(cls, data: dict) -> "FusionReport":
         return cls([KernelInfo(**k) for k in data.get("kernels", [])], list(data.get("views", [])),
-                   [Decision(**d) for d in data.get("decisions", [])], dict(data.get("fallbacks", {})))
+                   [Decision(**d) for d in data.get("decisions", [])], dict(data.get("fallbacks", {})),
+                   MemoryReport(**data["memory"]) if data.get("memory") else None)
 
     def __str__(self) -> str:
         ours = sum(1 for k in self.kernels if k.source == "ours")
@@ -79,6 +105,8 @@ class FusionReport:
                 counts[d.action] = counts.get(d.action, 0) + 1
             summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
             lines.append(f"fusion decisions: {summary} (decisions_text() for the log)")
+        if self.memory is not None:
+            lines.append(str(self.memory))
         return "\n".join(lines)
 
     def decisions_text(self) -> str:

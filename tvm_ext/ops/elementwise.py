@@ -45,14 +45,22 @@ def _pointwise_lowering(fn: Callable[..., L.LoopExpr], float_only: bool = False)
     return lower
 
 
+#: each output element reads only the same element of these inputs (PlanMemory checks the
+#: kernel too: a broadcast operand's shape differs from the output's and is never reused)
+IN_PLACE_UNARY = ((0, 0),)
+IN_PLACE_BINARY = ((0, 0), (1, 0))
+
+
 def unary(name: str, fn: Callable[[L.LoopExpr], L.LoopExpr], float_only: bool = False,
           doc: str = "", gradient: GradientRule | None = None) -> None:
-    register_op(name, OpPattern.ELEMWISE, _pointwise_lowering(fn, float_only), doc=doc, gradient=gradient)
+    register_op(name, OpPattern.ELEMWISE, _pointwise_lowering(fn, float_only), doc=doc, gradient=gradient,
+                inplace=IN_PLACE_UNARY)
 
 
 def binary(name: str, fn: Callable[[L.LoopExpr, L.LoopExpr], L.LoopExpr], doc: str = "",
            gradient: GradientRule | None = None) -> None:
-    register_op(name, elemwise_or_broadcast, _pointwise_lowering(fn), doc=doc, gradient=gradient)
+    register_op(name, elemwise_or_broadcast, _pointwise_lowering(fn), doc=doc, gradient=gradient,
+                inplace=IN_PLACE_BINARY)
 
 
 # ---- gradients: each maps the output's adjoint g to one adjoint per argument (new nodes);
@@ -113,7 +121,7 @@ for _name in ("add", "subtract", "multiply", "divide", "floor_divide", "floor_mo
     binary(f"relax.{_name}", getattr(L, _name), doc=f"Binary {_name}, numpy broadcasting.",
            gradient=BINARY_GRADIENTS.get(_name))
 register_op("relax.mod", elemwise_or_broadcast, _pointwise_lowering(L.floor_mod),
-            doc="Python-style modulo (sign of the divisor).")
+            doc="Python-style modulo (sign of the divisor).", inplace=IN_PLACE_BINARY)
 
 for _name in ("negative", "abs", "sign", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
               "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "tan",
@@ -153,7 +161,7 @@ unary("relax.nn.gelu_tanh",
       float_only=True, doc="GELU, tanh approximation.")
 
 
-@register_op("relax.nn.leakyrelu", OpPattern.ELEMWISE)
+@register_op("relax.nn.leakyrelu", OpPattern.ELEMWISE, inplace=IN_PLACE_UNARY)
 def _leakyrelu(node: OpNode) -> TensorValue:
     """x if x > 0 else alpha * x."""
     alpha = float(node.attr("alpha", 0.01))
@@ -161,7 +169,7 @@ def _leakyrelu(node: OpNode) -> TensorValue:
                      node.out_dtype, node.name)
 
 
-@register_op("relax.clip", OpPattern.ELEMWISE)
+@register_op("relax.clip", OpPattern.ELEMWISE, inplace=IN_PLACE_UNARY)
 def _clip(node: OpNode) -> TensorValue:
     """min(max(x, lo), hi); the bounds are scalars of the call."""
     x, lo, hi = node.args
@@ -174,7 +182,7 @@ def _grad_where(call, y, g, bb):
     return [None, sum_to_like(_op.where(cond, g, zero), a, bb), sum_to_like(_op.where(cond, zero, g), b, bb)]
 
 
-@register_op("relax.where", elemwise_or_broadcast, gradient=_grad_where)
+@register_op("relax.where", elemwise_or_broadcast, gradient=_grad_where, inplace=((1, 0), (2, 0)))
 def _where(node: OpNode) -> TensorValue:
     """cond ? a : b, with the branches promoted to one dtype."""
     cond, a, b = node.args
@@ -191,7 +199,7 @@ def _grad_astype(call, y, g, bb):
     return [_op.astype(g, dtype_of(x)) if dtype_of(x).startswith(("float", "bfloat")) else None]
 
 
-@register_op("relax.astype", OpPattern.ELEMWISE, gradient=_grad_astype)
+@register_op("relax.astype", OpPattern.ELEMWISE, gradient=_grad_astype, inplace=IN_PLACE_UNARY)
 def _astype(node: OpNode) -> TensorValue:
     """A cast; float -> int truncates toward zero as C does."""
     return pointwise(lambda x: x, node.tensors, node.out_dtype, node.name, promote=False)
@@ -227,4 +235,5 @@ register_op("relax.full", OpPattern.ELEMWISE, _creation(lambda n: _fill_value(n,
 register_op("relax.full_like", OpPattern.ELEMWISE, _creation(lambda n: _fill_value(n, 1)),
             doc="Filled, x's shape.", gradient=_no_gradient)
 register_op("relax.ewise_fma", OpPattern.ELEMWISE,
-            _pointwise_lowering(lambda a, b, c: a * b + c), doc="a * b + c (TVM has no kernel for it).")
+            _pointwise_lowering(lambda a, b, c: a * b + c), doc="a * b + c (TVM has no kernel for it).",
+            inplace=((0, 0), (1, 0), (2, 0)))

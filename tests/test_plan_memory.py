@@ -1,0 +1,223 @@
+"""PlanMemory on small graphs whose plans were worked out by hand, and the compiled results.
+
+Every intermediate below is a (16, 16) float32 tensor: 1024 bytes, one storage unit. Kernels
+are one op each (``fusion="none"``), so the plan is the seed's algorithm on the op graph.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_ext
+from tvm_ext import models
+from conftest import build_module
+from relay_passes.plan_memory import (BestFit, FunctionGraph, Step, Value, best_plan, lower_bound, pack_offsets,
+                                      plan_function, plan_graph)
+from tvm_ext.build_pipeline import before_planning
+from tvm_ext.pipeline import Pipeline
+
+R = relax.op
+UNIT = 16 * 16 * 4
+SPEC = [((16, 16), "float32")]
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def planned(make, specs=SPEC, fusion="none"):
+    """(graph, plan, compiled) of ``main = make(*inputs)``."""
+    mod = build_module(make, specs)
+    pipeline = Pipeline(fusion=fusion)
+    compiled = pipeline.run(mod)
+    with pipeline.target:
+        vm_mod = tvm.transform.Sequential(before_planning())(compiled.lowered_module)
+    graph, plan = plan_function(vm_mod)
+    return graph, plan, compiled
+
+
+def run(compiled, *xs):
+    return compiled(*xs)
+
+
+@pytest.fixture
+def x(rng):
+    return rng.standard_normal((16, 16)).astype("float32")
+
+
+def test_a_chain_alternates_two_blocks(x):
+    # a = sm(x), b = sm(a), c = sm(b), out = sm(c): a and b are live together; c takes a's block
+    graph, plan, compiled = planned(lambda v: R.nn.softmax(R.nn.softmax(R.nn.softmax(R.nn.softmax(v)))))
+    a, b, c = sorted((v for v in graph.values if not v.output), key=lambda v: v.defined)
+    assert plan.offset_of[a] == plan.offset_of[c] != plan.offset_of[b]
+    assert plan.total == 2 * UNIT and plan.inplace == 0
+    memory = compiled.report().memory
+    assert (memory.planned, memory.naive, memory.lower_bound) == (2 * UNIT, 3 * UNIT, 2 * UNIT)
+    assert memory.tvm_static is not None and memory.planned <= memory.tvm_static
+    np.testing.assert_allclose(run(compiled, x), _softmax(_softmax(_softmax(_softmax(x)))), rtol=1e-5, atol=1e-7)
+
+
+def test_a_diamond_keeps_both_branches_and_joins_in_place(x):
+    # a = sm(x); b = sm(a); c = sm(a); d = b + c; out = sm(d)
+    # a, b, c are live while c is computed (3 blocks); d is written over b, its last reader
+    def make(v):
+        a = R.nn.softmax(v)
+        return R.nn.softmax(R.add(R.nn.softmax(a, axis=0), R.nn.softmax(a, axis=1)))
+    graph, plan, compiled = planned(make)
+    inner = sorted((v for v in graph.values if not v.output), key=lambda v: v.defined)
+    a, b, c, d = inner
+    assert len({plan.offset_of[v] for v in (a, b, c)}) == 3
+    assert plan.offset_of[d] in (plan.offset_of[b], plan.offset_of[c])
+    assert plan.inplace == 1 and plan.total == 3 * UNIT
+    assert compiled.report().memory.lower_bound == 3 * UNIT
+    a_ = _softmax(x)
+    want = _softmax(_softmax(a_.T).T + _softmax(a_))
+    np.testing.assert_allclose(run(compiled, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_elementwise_chain_runs_in_one_block_in_place(x):
+    # a = sm(x); b = exp(a) over a; c = tanh(b) over b; out = sigmoid(c), an output, not planned
+    graph, plan, compiled = planned(lambda v: R.sigmoid(R.tanh(R.exp(R.nn.softmax(v)))))
+    assert plan.total == UNIT and plan.inplace == 2
+    memory = compiled.report().memory
+    assert memory.planned == UNIT < memory.lower_bound == 2 * UNIT  # in place beats the liveness bound
+    assert memory.naive == 3 * UNIT
+    want = 1 / (1 + np.exp(-np.tanh(np.exp(_softmax(x)))))
+    np.testing.assert_allclose(run(compiled, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_output_is_never_planned_nor_written_over(x):
+    # y = exp(sm(x)) is returned and also read by z = sm(y): y gets its own destination; z
+    # (an output too) may not be written over it
+    def make(v):
+        y = R.exp(R.nn.softmax(v))
+        return relax.Tuple([y, R.negative(y)])
+    graph, plan, compiled = planned(make)
+    outputs = [v for v in graph.values if v.output]
+    assert len(outputs) == 2 and not any(v in plan.offset_of for v in outputs)
+    assert plan.inplace == 0  # neither exp over sm's value (exp's output is an output) nor neg over y
+    assert compiled.entry is not None and len(compiled.entry.outputs) == 2
+    y, z = run(compiled, x)
+    np.testing.assert_allclose(y, np.exp(_softmax(x)), rtol=1e-6)
+    np.testing.assert_allclose(z, -np.exp(_softmax(x)), rtol=1e-6)
+    assert not np.shares_memory(y, z)
+
+
+def test_a_value_read_by_two_kernels_is_overwritten_only_by_its_last_reader(x):
+    # a = sm(x); b = exp(a) (a still read later: own block); c = tanh(a) over a; out = b * c
+    def make(v):
+        a = R.nn.softmax(v)
+        return R.multiply(R.exp(a), R.tanh(a))
+    graph, plan, compiled = planned(make)
+    a, b, c = sorted((v for v in graph.values if not v.output), key=lambda v: v.defined)
+    assert plan.offset_of[b] != plan.offset_of[a]
+    assert plan.offset_of[c] == plan.offset_of[a]
+    assert plan.inplace == 1 and plan.total == 2 * UNIT
+    a_ = _softmax(x)
+    np.testing.assert_allclose(run(compiled, x), np.exp(a_) * np.tanh(a_), rtol=1e-5, atol=1e-7)
+
+
+def test_a_value_nothing_reads_is_freed_at_once():
+    # step 0 writes a (read by step 1) and u (read by nobody); step 1 writes b: b takes u's block
+    a, u, b, out = (Value(relax.Var(n), UNIT, (16, 16), "float32") for n in "aubo")
+    out.output = True
+    s0 = Step(0, "k0", [frozenset(), frozenset([a]), frozenset([u])], writes=[a, u])
+    s1 = Step(1, "k1", [frozenset([a]), frozenset([b])], reads=[a], writes=[b])
+    s2 = Step(2, "k2", [frozenset([b]), frozenset([out])], reads=[b], writes=[out])
+    a.defined, u.defined, b.defined, out.defined = 0, 0, 1, 2
+    a.readers, b.readers = [1], [2]
+    graph = FunctionGraph([s0, s1, s2], [a, u, b, out], [frozenset([out])])
+    plan = plan_graph(graph, {}, match_range=1)
+    assert plan.offset_of[b] == plan.offset_of[u] != plan.offset_of[a]
+    assert plan.total == 2 * UNIT and lower_bound(graph) == 2 * UNIT
+
+
+def test_best_fit_takes_the_smallest_larger_block_then_enlarges_a_smaller_one():
+    alloc = BestFit(match_range=4)
+    big, small = alloc.request(4096), alloc.request(1024)
+    alloc.release(big)
+    alloc.release(small)
+    assert alloc.request(1000) == small  # the smallest block >= 1000 within [250, 4000]
+    assert alloc.request(2048) == big  # 4096 in [512, 8192]
+    alloc.release(small)
+    assert alloc.request(3000) == small and alloc.sizes[small] == 3000  # no larger block: enlarged
+    assert alloc.request(100000) == 2 and alloc.total == 4096 + 3000 + 100000
+    exact = BestFit(match_range=1)
+    block = exact.request(1024)
+    exact.release(block)
+    assert exact.request(1000) != block  # m = 1 reuses exact sizes only
+
+
+def test_match_range_sweep_keeps_the_smallest_total():
+    # x1 (1 unit) dies before x3 (3 units) is written. m = 1 or 2 cannot hand x1's block to x3
+    # (outside [3/m, 3m] units): 4 units. m >= 3 enlarges it: 3 units, the lower bound.
+    x1, x3, out = (Value(relax.Var(n), s * UNIT, (s * 16, 16), "float32") for n, s in (("a", 1), ("b", 3), ("o", 1)))
+    out.output = True
+    steps = [Step(0, "k0", [frozenset([x1])], writes=[x1]),
+             Step(1, "k1", [frozenset([x1])], reads=[x1]),
+             Step(2, "k2", [frozenset([x3])], writes=[x3]),
+             Step(3, "k3", [frozenset([x3]), frozenset([out])], reads=[x3], writes=[out])]
+    x1.defined, x1.readers, x3.defined, x3.readers, out.defined = 0, [1], 2, [3], 3
+    graph = FunctionGraph(steps, [x1, x3, out], [frozenset([out])])
+    assert [plan_graph(graph, {}, m).total for m in (1, 2, 3)] == [4 * UNIT, 4 * UNIT, 3 * UNIT]
+    best = best_plan(graph, lambda *_: False)
+    assert (best.total, best.allocator, best.match_range) == (3 * UNIT, "best-fit", 3)
+    assert lower_bound(graph) == 3 * UNIT
+
+
+def test_offsets_pack_what_whole_blocks_cannot():
+    # a (2 units) lives over steps 0-1, b (1) over 1-2, c (2) over 2-3, d (1) over 3-4.
+    # Whole blocks: c cannot take a's block while b... it can (a is dead at 2): best-fit does
+    # a|b then c->a, d->b: 3 units. Offsets do the same; the bound is 3 units too.
+    # With e (1 unit) over 0-4 beside them, blocks give 4 units and so do offsets: both at the bound.
+    vals = {n: Value(relax.Var(n), s * UNIT, (s * 16, 16), "float32") for n, s in
+            (("a", 2), ("b", 1), ("c", 2), ("d", 1), ("e", 1), ("o", 1))}
+    vals["o"].output = True
+    life = {"a": (0, 1), "b": (1, 2), "c": (2, 3), "d": (3, 4), "e": (0, 4)}
+    steps = [Step(i, f"k{i}", []) for i in range(5)]
+    for n, (first, last) in life.items():
+        v = vals[n]
+        v.defined, v.readers = first, [last]
+        steps[first].writes.append(v)
+        steps[first].args.append(frozenset([v]))
+        steps[last].reads.append(v)
+        steps[last].args.append(frozenset([v]))
+    graph = FunctionGraph(steps, list(vals.values())[:-1], [])
+    packed = pack_offsets(graph, {})
+    assert packed.total == lower_bound(graph) == 4 * UNIT
+    for x, y in [("a", "b"), ("b", "c"), ("c", "d"), ("a", "e"), ("c", "e")]:  # overlapping in time
+        ox, oy = packed.offset_of[vals[x]], packed.offset_of[vals[y]]
+        assert ox + vals[x].size <= oy or oy + vals[y].size <= ox, (x, y)
+
+
+def test_an_input_read_only_for_its_shape_holds_no_count(x):
+    # a = sm(x); z = zeros_like(a) reads only a's shape; out = sm(a) + z. a's last real reader is sm
+    def make(v):
+        a = R.nn.softmax(v)
+        return R.add(R.nn.softmax(a), R.zeros_like(a))
+    graph, plan, compiled = planned(make)
+    a = min((v for v in graph.values if not v.output), key=lambda v: v.defined)
+    kernels = [graph.steps[i].kernel for i in a.readers]
+    assert not any("zeros" in k for k in kernels)
+    np.testing.assert_allclose(run(compiled, x), _softmax(_softmax(x)), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
+@pytest.mark.parametrize("name", sorted(models.BUILTIN_MODELS))
+def test_builtin_models_are_planned_within_the_bounds_and_unchanged(name, fusion):
+    model = models.BUILTIN_MODELS[name]() if name != "transformer_block" else \
+        models.transformer_block(batch=2, seq=16, dim=32, heads=2, ffn=64)
+    small = {"elementwise_chain": dict(n=1 << 14), "softmax": dict(rows=64, cols=128),
+             "layer_norm": dict(rows=64, cols=96)}
+    if name in small:
+        model = models.BUILTIN_MODELS[name](**small[name])
+    compiled = tvm_ext.compile(model.mod, fusion=fusion)
+    memory = compiled.report().memory
+    assert memory.planned <= memory.tvm_static
+    assert memory.planned <= 1.1 * memory.lower_bound
+    got = compiled(*model.inputs)
+    np.testing.assert_allclose(got[0] if isinstance(got, tuple) else got, model.reference(*model.inputs),
+                               rtol=2e-5, atol=2e-5)
