@@ -15,8 +15,11 @@ kernel is then a call in destination-passing style and every value it writes a
   and so is an output nothing reads;
 - m is swept over 1..16 and the smallest total kept.
 
-Plans are made in program order (the order of the bindings, which is topological); the
-report gives the liveness lower bound of that order.
+The execution order decides the lower bound. A memory-aware order runs first, of the kernels
+whose inputs are ready, the one that frees the most bytes net of what it allocates; when its
+liveness bound is below the program order's (the bindings as emitted), the kernels are
+reordered that way before planning (the MLP training step under AutoFuse: 1.5 MiB instead of
+2.0), otherwise the program order is kept. The report gives the order used and both bounds.
 
 Each static function gets its plan as ``R.memory.alloc_storage`` blocks (the VM's pooled
 allocator hands the same blocks back on every call). ``main`` also gets an entry
@@ -79,6 +82,8 @@ class Step:
     args: list  # per argument: the set of Values it reaches (empty for inputs, constants)
     reads: list = field(default_factory=list)
     writes: list = field(default_factory=list)
+    binding: int = -1  # its binding's position in the function
+    after: set = field(default_factory=set)  # steps it must follow (values it reads, results it uses)
 
 
 @dataclass
@@ -113,6 +118,7 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
     if not isinstance(func.body, relax.SeqExpr):
         raise NotPlannable("body is not a sequence")
     roots: dict = {}  # var -> frozenset of Values it aliases
+    unread: dict = {}  # kernel -> its parameters no block reads
     tuples: dict = {}  # var bound to a Tuple -> per-field roots
     values, steps = [], []
 
@@ -123,10 +129,16 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
             return frozenset().union(*[reach(f) for f in expr.fields])
         return frozenset()
 
+    defined_by: dict = {}  # var -> the step its value depends on (through views and aliases)
+    position = -1
     for block in func.body.blocks:
         if isinstance(block, relax.DataflowBlock):
             raise NotPlannable("a dataflow block is left")
         for b in block.bindings:
+            position += 1
+            uses = {defined_by[u] for u in relax.analysis.free_vars(b.value) if u in defined_by} - {None}
+            uses = set().union(*uses) if uses else set()
+            defined_by[b.var] = frozenset(uses)
             if not isinstance(b, relax.VarBinding):
                 raise NotPlannable("a match_cast binding")
             v = b.value
@@ -157,9 +169,12 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
                     continue
                 kernel = v.op.name_hint if isinstance(v.op, tvm.ir.GlobalVar) and isinstance(
                     mod[v.op], tirx.PrimFunc) else None
-                ignored = unread_params(mod[v.op]) if kernel is not None else set()
+                if kernel is not None and kernel not in unread:
+                    unread[kernel] = unread_params(mod[v.op])
+                ignored = unread.get(kernel, set())
                 step = Step(len(steps), kernel, [frozenset() if i in ignored else reach(a)
-                                                 for i, a in enumerate(args)])
+                                                 for i, a in enumerate(args)], binding=position, after=set(uses))
+                defined_by[b.var] = frozenset([step.index])
                 for vals in step.args:
                     for val in vals:
                         if val.defined < 0:
@@ -183,6 +198,7 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
     for step in steps:
         for val in step.reads:
             val.readers.append(step.index)
+            step.after.add(val.defined)
     return FunctionGraph(steps, [v for v in values if v.defined >= 0], leaves)
 
 
@@ -413,36 +429,103 @@ def best_plan(graph: FunctionGraph, in_place_ok, ranges=range(1, 17)) -> Plan:
     return packed if packed.total < seed.total else seed
 
 
-def lower_bound(graph: FunctionGraph) -> int:
-    """Largest sum of live planned bytes over the steps (a value lives from its write to its last read)."""
+def lower_bound(graph: FunctionGraph, order: list[int] | None = None) -> int:
+    """Largest sum of live planned bytes over the steps (a value lives from its write to its
+    last read), in program order or in ``order`` (step indices, a topological order)."""
+    position = {step: i for i, step in enumerate(order)} if order is not None else None
+    at = (lambda i: position[i]) if position is not None else (lambda i: i)
     live_at = [0] * len(graph.steps)
     for v in graph.values:
         if v.output:
             continue
-        last = max(v.readers, default=v.defined)
-        for i in range(v.defined, last + 1):
+        first = at(v.defined)
+        last = max((at(r) for r in v.readers), default=first)
+        for i in range(first, last + 1):
             live_at[i] += v.size
     return max(live_at, default=0)
 
 
+def memory_aware_order(graph: FunctionGraph) -> list[int]:
+    """A topological order that runs first, among the steps whose inputs are ready, the one
+    that frees the most bytes net of what it allocates (ties: program order)."""
+    deps = {s.index: s.after for s in graph.steps}
+    remaining = {v: len(v.readers) for v in graph.values}
+    done: set = set()
+    order: list[int] = []
+    while len(order) < len(graph.steps):
+        ready = [s for s in graph.steps if s.index not in done and deps[s.index] <= done]
+
+        def gain(step: Step) -> int:
+            freed = sum(v.size for v in step.reads if remaining[v] == 1 and not v.output)
+            return freed - sum(v.size for v in step.writes if not v.output)
+        step = max(ready, key=lambda s: (gain(s), -s.index))
+        done.add(step.index)
+        order.append(step.index)
+        for v in step.reads:
+            remaining[v] -= 1
+    return order
+
+
 def in_place_rule(mod: tvm.IRModule, registry: OpRegistry = OPS):
     """``ok(step, src, dst)``: may the kernel of ``step`` write ``dst`` over ``src``?"""
+    allowed: dict = {}
+    safe: dict = {}
+
     def ok(step: Step, src: Value, dst: Value) -> bool:
         if step.kernel is None:
             return False
-        func = mod[step.kernel]
-        if not kernel_allows_in_place(func, registry):
+        if step.kernel not in allowed:
+            allowed[step.kernel] = kernel_allows_in_place(mod[step.kernel], registry)
+        if not allowed[step.kernel]:
             return False
         src_at = [i for i, vals in enumerate(step.args) if src in vals]
         dst_at = [i for i, vals in enumerate(step.args) if dst in vals]
-        return len(src_at) == 1 and len(dst_at) == 1 and safe_in_place(func, src_at[0], dst_at[0])
+        if len(src_at) != 1 or len(dst_at) != 1:
+            return False
+        key = (step.kernel, src_at[0], dst_at[0])
+        if key not in safe:
+            safe[key] = safe_in_place(mod[step.kernel], src_at[0], dst_at[0])
+        return safe[key]
     return ok
 
 
-def plan_function(mod: tvm.IRModule, name: str = "main", registry: OpRegistry = OPS) -> tuple[FunctionGraph, Plan]:
-    """The graph and best plan of one function of a module after CallTIRRewrite."""
-    graph = function_graph(mod[name], mod)
-    return graph, best_plan(graph, in_place_rule(mod, registry))
+def reordered(func: relax.Function, graph: FunctionGraph, order: list[int]) -> relax.Function:
+    """``func`` with its kernel calls in ``order``; every other binding is moved just before
+    its first user, so allocations sit right before the kernel that writes them."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    index = {b.var: i for i, b in enumerate(bindings)}
+    uses = [[index[v] for v in relax.analysis.free_vars(b.value) if v in index] for b in bindings]
+    emitted: set = set()
+    out: list = []
+
+    def emit(i: int) -> None:
+        if i in emitted:
+            return
+        for j in uses[i]:
+            emit(j)
+        emitted.add(i)
+        out.append(bindings[i])
+    for step in order:
+        emit(graph.steps[step].binding)
+    for i in range(len(bindings)):
+        emit(i)
+    body = relax.SeqExpr([relax.BindingBlock(out)], func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+
+
+def plan_function(mod: tvm.IRModule, name: str = "main", registry: OpRegistry = OPS
+                  ) -> tuple[relax.Function, FunctionGraph, Plan, int]:
+    """The function to emit (its kernels reordered when a memory-aware order lowers the
+    liveness bound), its graph and best plan, and the program order's bound."""
+    func = mod[name]
+    graph = function_graph(func, mod)
+    program_bound = lower_bound(graph)
+    if all(s.kernel is not None for s in graph.steps) and len(func.body.blocks) == 1:
+        order = memory_aware_order(graph)
+        if lower_bound(graph, order) < program_bound:
+            func = reordered(func, graph, order)
+            graph = function_graph(func, mod)
+    return func, graph, best_plan(graph, in_place_rule(mod, registry)), program_bound
 
 
 # --------------------------------------------------------------------------- emission
@@ -521,7 +604,7 @@ class PlanMemory:
             if not isinstance(func, relax.Function):
                 continue
             try:
-                graph, plan = plan_function(mod, gv.name_hint, self.registry)
+                func, graph, plan, program_bound = plan_function(mod, gv.name_hint, self.registry)
             except NotPlannable as why:
                 self.skipped[gv.name_hint] = str(why)
                 out[gv] = static[gv.name_hint]
@@ -529,7 +612,9 @@ class PlanMemory:
             self.reports[gv.name_hint] = MemoryReport(
                 plan.total, sum(v.size for v in graph.values if not v.output),
                 _storage_bytes(static[gv.name_hint]), lower_bound(graph), plan.inplace, plan.allocator,
-                plan.match_range, plan.storages)
+                plan.match_range, plan.storages, program_bound,
+                "memory-aware (the ready kernel that frees the most first)" if lower_bound(graph) < program_bound
+                else "program order (bindings as emitted, topological)")
             values = {v.var: v for v in graph.values}
             out[gv] = self._emit(mod, func, plan, values, None, {})
             if gv.name_hint == "main" and self.planned_entry:

@@ -25,7 +25,8 @@ from tvm_ext import symbol as sym  # noqa: E402  (the Symbol API: op functions f
 _LAZY = {
     "compile": "tvm_ext.pipeline", "Pipeline": "tvm_ext.pipeline",
     "CompiledModel": "tvm_ext.compiled_model", "BenchmarkResult": "tvm_ext.compiled_model",
-    "TensorSpec": "tvm_ext.compiled_model", "FusionReport": "tvm_ext.report",
+    "TensorSpec": "tvm_ext.compiled_model", "time_calls": "tvm_ext.compiled_model",
+    "FusionReport": "tvm_ext.report", "MemoryReport": "tvm_ext.report",
     "KernelInfo": "tvm_ext.report", "host_target": "tvm_ext.target", "tune": "tvm_ext.tuning",
 }
 
@@ -37,6 +38,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["BenchmarkResult", "CompileError", "CompiledModel", "DtypeError", "FrontendError", "FusionReport",
-           "InputError", "KernelInfo", "NotLowerable", "OPS", "OpDef", "OpPattern", "Pipeline",
+           "InputError", "KernelInfo", "MemoryReport", "NotLowerable", "OPS", "OpDef", "OpPattern", "Pipeline",
            "ShapeError", "TensorSpec", "UnsupportedDtypeError", "UnsupportedOpError", "compile",
-           "host_target", "register_op", "sym", "tune"]
+           "host_target", "register_op", "sym", "time_calls", "tune"]

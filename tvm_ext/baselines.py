@@ -1,6 +1,7 @@
 """TVM's own ways of building a module, the peers our numbers are measured against."""
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -28,3 +29,11 @@ def tvm_fused_kernel_count(mod: tvm.IRModule) -> int:
     """How many kernels TVM's FuseOps + FuseTIR leave in ``main``."""
     kernels, _ = kernels_of(tvm_fused_module(mod))
     return len(kernels)
+
+
+def call_as_users_do(vm: relax.VirtualMachine, *arrays: np.ndarray):
+    """TVM's VM called as its users call it: tensors made from numpy, results back to numpy."""
+    result = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    if isinstance(result, tvm.runtime.Tensor):
+        return result.numpy()
+    return [r.numpy() if isinstance(r, tvm.runtime.Tensor) else r for r in result]

@@ -5,8 +5,9 @@ import json
 import os
 import statistics
 import threading
+import time
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tvm
@@ -43,6 +44,20 @@ class BenchmarkResult:
 
     def __str__(self) -> str:
         return f"median {self.median_ms:.3f} ms (min {self.min_ms:.3f}, std {self.std_ms:.3f}, {self.runs} runs)"
+
+
+def time_calls(fn: Callable[[], Any], number: int = 10, repeat: int = 7) -> BenchmarkResult:
+    """Median of ``repeat`` timings, each the mean of ``number`` calls of ``fn`` (after one
+    warm-up): a call as its users make it, conversions included."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t0) / number * 1e3)
+    return BenchmarkResult(statistics.median(times), statistics.fmean(times), min(times),
+                           statistics.pstdev(times), len(times))
 
 
 def signature_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
@@ -93,16 +108,16 @@ class CompiledModel:
         caller owns; they are returned.
         """
         tensors, kind = self._device_args(args)
-        vm, workspace = self._runner()
+        run, release, workspace = self._runner()
         if self.entry is None:
-            result = vm["main"](*tensors)
-            vm[RELEASE]()
+            result = run(*tensors)
+            release()
             leaves = list(result) if _is_array(result) else [result]
             shared = [True] * len(leaves)
         else:
             dests, owned = self._destinations(out, args)
-            result = vm[PLANNED_ENTRY](*tensors, workspace, *dests)
-            vm[RELEASE]()
+            result = run(*tensors, workspace, *dests)
+            release()
             leaves = list(result) if _is_array(result) else [result]
             shared = [d is not None for d in self.entry.returned]
         if out is not None:
@@ -110,16 +125,19 @@ class CompiledModel:
         values = [_export(leaf, kind, copy=not ok) for leaf, ok in zip(leaves, shared)]
         return values[0] if len(values) == 1 else tuple(values)
 
-    def _runner(self) -> tuple[relax.VirtualMachine, Any]:
-        """This thread's VM and workspace, made on its first call."""
+    def _runner(self) -> tuple[Any, Any, Any]:
+        """This thread's entry function, register release and workspace, made on its first
+        call (with the thread's own VM)."""
         runner = getattr(self._local, "runner", None)
         if runner is None:
             vm = relax.VirtualMachine(self.executable, self._device)
+            self._local.vm = vm
             workspace = None
             if self.entry is not None:
                 workspace = tvm_ffi.from_dlpack(self._pool.take((self.entry.workspace_bytes,), "uint8"),
                                                 require_alignment=64)
-            runner = self._local.runner = (vm, workspace)
+            run = vm[PLANNED_ENTRY if self.entry is not None else "main"]
+            runner = self._local.runner = (run, vm[RELEASE], workspace)
         return runner
 
     def _destinations(self, out: Any, args: Sequence[Any]) -> tuple[list, list]:
@@ -239,7 +257,8 @@ class CompiledModel:
         one warm-up), on arguments converted beforehand. A user's call also converts its
         arguments and results; time ``compiled(x)`` itself to see that."""
         tensors, _ = self._device_args(args or self.random_inputs())
-        vm, workspace = self._runner()
+        _, _, workspace = self._runner()
+        vm = self._local.vm
         if self.entry is None:
             name, call_args = "main", tensors
         else:
@@ -250,6 +269,12 @@ class CompiledModel:
         times = [t * 1e3 for t in evaluator(*call_args).results]
         return BenchmarkResult(statistics.median(times), statistics.fmean(times), min(times),
                                statistics.pstdev(times), len(times))
+
+    def time_call(self, *args: Any, number: int = 10, repeat: int = 7) -> BenchmarkResult:
+        """The user's call, ``self(*args)``, timed as ``time_calls`` does: conversions of the
+        arguments and results included. Compare it with a peer's call timed the same way."""
+        args = args or tuple(self.random_inputs())
+        return time_calls(lambda: self(*args), number, repeat)
 
     # ------------------------------------------------------------------ inspection
     def report(self) -> FusionReport:

@@ -47,6 +47,7 @@ class MemoryReport:
     allocator: str = "best-fit"  # the seed's best-fit (blocks end to end) or "offsets" (greedy by size)
     match_range: int = 0  # best-fit: the m that gave the smallest total
     storages: int = 0  # best-fit blocks, or in-place chains placed by offset
+    program_order_bound: int | None = None  # the bound of the bindings as emitted
     order: str = "program order (bindings as emitted, topological)"
 
     def __str__(self) -> str:
@@ -56,7 +57,9 @@ class MemoryReport:
         how = f"best-fit, match_range {self.match_range}" if self.allocator == "best-fit" else "packed by offset"
         return (f"memory: planned {mb(self.planned)} ({self.storages} storages, {how}, "
                 f"{self.inplace} in place), naive {mb(self.naive)}, TVM StaticPlanBlockMemory "
-                f"{mb(self.tvm_static)}, lower bound {mb(self.lower_bound)} ({ratio} of it); {self.order}")
+                f"{mb(self.tvm_static)}, lower bound {mb(self.lower_bound)} ({ratio} of it); {self.order}"
+                + (f", whose bound is below the program order's {mb(self.program_order_bound)}"
+                   if self.program_order_bound and self.program_order_bound > self.lower_bound else ""))
 
 
 @dataclass
