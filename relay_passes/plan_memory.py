@@ -13,7 +13,9 @@ kernel is then a call in destination-passing style and every value it writes a
 - its other outputs are requested smallest first from a best-fit allocator with
   ``match_range`` m (MXNet's GraphAllocator), then inputs whose count reaches zero are freed,
   and so is an output nothing reads;
-- m is swept over 1..16 and the smallest total kept.
+- m is swept over 1..16 and the smallest total kept; the blocks are laid end to end in one
+  arena. The same in-place decisions are also packed by offset (greedy by size, with a few
+  seeded reorderings), which whole blocks cannot always match; the smaller total wins.
 
 The execution order decides the lower bound. A memory-aware order runs first, of the kernels
 whose inputs are ready, the one that frees the most bytes net of what it allocates; when its
@@ -21,12 +23,13 @@ liveness bound is below the program order's (the bindings as emitted), the kerne
 reordered that way before planning (the MLP training step under AutoFuse: 1.5 MiB instead of
 2.0), otherwise the program order is kept. The report gives the order used and both bounds.
 
-Each static function gets its plan as ``R.memory.alloc_storage`` blocks (the VM's pooled
-allocator hands the same blocks back on every call). ``main`` also gets an entry
-``main_planned`` that takes the plan as one workspace tensor and its outputs as
-destination tensors, so that a caller (``CompiledModel``) allocates both once and calls
-without any allocation. Functions with symbolic shapes keep ``StaticPlanBlockMemory``. ``release_registers``,
-an empty function, lets that caller drop the VM's references to the last call's tensors.
+Each static function gets its arena as one ``R.memory.alloc_storage`` (the VM's pooled
+allocator hands the same block back on every call) and its tensors at their offsets.
+``main`` also gets an entry ``main_planned`` that takes the arena as a workspace tensor and
+its outputs as destination tensors, so that a caller (``CompiledModel``) allocates both once
+and calls without any allocation. Functions with symbolic shapes keep
+``StaticPlanBlockMemory``. ``release_registers``, an empty function, lets that caller drop
+the VM's references to the last call's tensors.
 """
 from __future__ import annotations
 
@@ -120,6 +123,7 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
     roots: dict = {}  # var -> frozenset of Values it aliases
     unread: dict = {}  # kernel -> its parameters no block reads
     tuples: dict = {}  # var bound to a Tuple -> per-field roots
+    defined_by: dict = {}  # var -> the steps its value comes from (through views and aliases)
     values, steps = [], []
 
     def reach(expr) -> frozenset:
@@ -129,18 +133,16 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
             return frozenset().union(*[reach(f) for f in expr.fields])
         return frozenset()
 
-    defined_by: dict = {}  # var -> the step its value depends on (through views and aliases)
     position = -1
     for block in func.body.blocks:
         if isinstance(block, relax.DataflowBlock):
             raise NotPlannable("a dataflow block is left")
         for b in block.bindings:
-            position += 1
-            uses = {defined_by[u] for u in relax.analysis.free_vars(b.value) if u in defined_by} - {None}
-            uses = set().union(*uses) if uses else set()
-            defined_by[b.var] = frozenset(uses)
             if not isinstance(b, relax.VarBinding):
                 raise NotPlannable("a match_cast binding")
+            position += 1
+            uses = set().union(*(defined_by[u] for u in relax.analysis.free_vars(b.value) if u in defined_by))
+            defined_by[b.var] = frozenset(uses)
             v = b.value
             if isinstance(v, relax.Call) and v.op.same_as(_ALLOC):
                 static = _static_nbytes(b.var.ty)

@@ -1,7 +1,7 @@
 """The op registry: one typed entry per Relax op with everything the compiler knows of it.
 
 An ``OpDef`` holds the op's fuse pattern (one of the six NNVM kinds), its Loop-IR lowering,
-its symbolic gradient (``tvm_ext.gradient_rules``) and room for an in-place option. Entries
+its symbolic gradient (``tvm_ext.gradient_rules``) and its in-place pairs (PlanMemory). Entries
 are registered in the modules of ``tvm_ext.ops`` (one file per family), which
 ``tvm_ext.ops`` imports explicitly: the set of ops never depends on who imported what
 first, and registering a name twice is an error.
