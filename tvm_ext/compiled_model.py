@@ -115,7 +115,7 @@ class CompiledModel:
             leaves = list(result) if _is_array(result) else [result]
             shared = [True] * len(leaves)
         else:
-            dests, owned = self._destinations(out, args)
+            dests, owned = self._destinations(out, args)  # owned: our pooled arrays, held through the call
             result = run(*tensors, workspace, *dests)
             release()
             leaves = list(result) if _is_array(result) else [result]
