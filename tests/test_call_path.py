@@ -188,3 +188,22 @@ def test_a_loop_of_calls_keeps_its_peak_memory():
     before, one, hundred = (int(v) for v in out.stdout.split()[-3:])
     assert hundred <= 1.2 * one, (before, one, hundred)
     assert hundred - before <= 1.2 * (one - before) + 8 * 1024, (before, one, hundred)  # KiB: the call's own memory
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (1024, 1024)])  # a small block, and a huge-page one
+def test_the_pool_lends_a_block_to_one_holder_at_a_time(shape):
+    from tvm_ext.host_memory import BufferPool
+
+    pool = BufferPool()
+    a, _ = pool.take(shape, "float32")
+    b, _ = pool.take(shape, "float32")
+    assert pool.blocks == 2 and not np.shares_memory(a, b)
+    first = a.ctypes.data
+    del a
+    c, _ = pool.take(shape, "float32")
+    assert c.ctypes.data == first and pool.blocks == 2
+    row = c[1:]
+    del c
+    d, _ = pool.take(shape, "float32")  # a view still holds the block
+    assert d.ctypes.data != first and pool.blocks == 3
+    del row

@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 from relay_passes.plan_memory import PLANNED_ENTRY, RELEASE, PlannedEntry
 from tvm_ext.errors import InputError
-from tvm_ext.host_memory import BufferPool
+from tvm_ext.host_memory import BufferPool, block_size
 from tvm_ext.report import FusionReport
 
 
@@ -99,6 +99,18 @@ class CompiledModel:
         self._pool = BufferPool()
         self._local = threading.local()
         self._symbolic = any(isinstance(d, str) for s in self.inputs for d in s.shape)
+        # per destination (shape, dtype, pool block size); per output, whether its destination
+        # array is the output as it is (else a reshaped or re-typed view of it)
+        self._dests = [(tuple(sh), dt, block_size(tuple(sh), dt)) for sh, dt in self.entry.outputs] \
+            if self.entry is not None else []
+        self._as_is = [d is not None and tuple(self.entry.outputs[d][0]) == tuple(spec.shape)
+                       and self.entry.outputs[d][1] == spec.dtype
+                       for d, spec in zip(self.entry.returned, self.outputs)] if self.entry is not None else []
+        try:  # what _numpy_fast_path compares against
+            self._fast = None if self._symbolic else [
+                (tuple(s.shape), np.dtype(s.dtype), np.dtype(s.dtype).itemsize) for s in self.inputs]
+        except TypeError:  # a dtype numpy lacks (bfloat16): always the full checks
+            self._fast = None
 
     # ------------------------------------------------------------------ running
     def __call__(self, *args: Any, out: Any = None) -> Any:
@@ -119,10 +131,15 @@ class CompiledModel:
             result = run(*tensors, workspace, *dests)
             release()
             leaves = list(result) if _is_array(result) else [result]
-            shared = [d is not None for d in self.entry.returned]
+            if out is None:  # the pooled arrays themselves go back, viewed in each output's shape
+                values = [_export(leaf, kind, copy=True) if d is None else
+                          _wrap(owned[d] if as_is else _as_leaf(owned[d], spec), kind)
+                          if isinstance(leaf, tvm.runtime.Tensor) else _export(leaf, kind, copy=False)
+                          for leaf, d, spec, as_is in zip(leaves, self.entry.returned, self.outputs, self._as_is)]
+                return values[0] if len(values) == 1 else tuple(values)
         if out is not None:
             return self._into(out, leaves)
-        values = [_export(leaf, kind, copy=not ok) for leaf, ok in zip(leaves, shared)]
+        values = [_export(leaf, kind, copy=False) for leaf in leaves]
         return values[0] if len(values) == 1 else tuple(values)
 
     def _runner(self) -> tuple[Any, Any, Any]:
@@ -134,8 +151,7 @@ class CompiledModel:
             self._local.vm = vm
             workspace = None
             if self.entry is not None:
-                workspace = tvm_ffi.from_dlpack(self._pool.take((self.entry.workspace_bytes,), "uint8"),
-                                                require_alignment=64)
+                self._local.workspace, workspace = self._pool.take((self.entry.workspace_bytes,), "uint8")
             run = vm[PLANNED_ENTRY if self.entry is not None else "main"]
             runner = self._local.runner = (run, vm[RELEASE], workspace)
         return runner
@@ -143,19 +159,17 @@ class CompiledModel:
     def _destinations(self, out: Any, args: Sequence[Any]) -> tuple[list, list]:
         """One tensor per destination of ``main_planned``: the caller's ``out`` buffer where a
         returned output is exactly that destination, else a pooled buffer."""
-        given = self._out_buffers(out, args) if out is not None else None
-        dests: list = [None] * len(self.entry.outputs)
-        if given is not None:
+        dests: list = [None] * len(self._dests)
+        if out is not None:
+            given = self._out_buffers(out, args)
             for leaf, d in enumerate(self.entry.returned):
                 shape, dtype = self.entry.outputs[d] if d is not None else ((), "")
                 if d is not None and dests[d] is None and _nbytes(self.outputs[leaf]) == _nbytes_of(shape, dtype):
                     dests[d] = tvm_ffi.from_dlpack(_reshaped(given[leaf], shape), require_alignment=1)
-        owned = []
-        for d, (shape, dtype) in enumerate(self.entry.outputs):
+        owned: list = [None] * len(dests)
+        for d, (shape, dtype, size) in enumerate(self._dests):
             if dests[d] is None:
-                array = self._pool.take(shape, dtype)
-                owned.append(array)
-                dests[d] = tvm_ffi.from_dlpack(array, require_alignment=64)
+                owned[d], dests[d] = self._pool.take_sized(size, shape, dtype)
         return dests, owned
 
     def _out_buffers(self, out: Any, args: Sequence[Any]) -> list:
@@ -193,6 +207,9 @@ class CompiledModel:
         if len(args) != len(self.inputs):
             expected = ", ".join(str(s) for s in self.inputs)
             raise InputError(f"expected {len(self.inputs)} inputs ({expected}), got {len(args)}")
+        tensors = self._numpy_fast_path(args)
+        if tensors is not None:
+            return tensors, "numpy"
         kinds = set()
         dims: dict = {}
         tensors = []
@@ -202,6 +219,22 @@ class CompiledModel:
             kinds.add(kind)
         kind = kinds.pop() if len(kinds) == 1 else "numpy"
         return tensors, kind
+
+    def _numpy_fast_path(self, args: Sequence[Any]) -> list | None:
+        """The inputs as TVM tensors when all are C-contiguous numpy arrays of exactly the
+        static shape and dtype (the common call, checked with a few attribute reads); None
+        sends the call through the full checks."""
+        if self._fast is None:
+            return None
+        tensors = []
+        for arg, (shape, dtype, itemsize) in zip(args, self._fast):
+            if type(arg) is not np.ndarray or arg.shape != shape or arg.dtype != dtype or not arg.flags.c_contiguous:
+                return None
+            try:
+                tensors.append(tvm_ffi.from_dlpack(arg, require_alignment=itemsize))
+            except Exception:  # noqa: BLE001 - misaligned or read-only: the full checks say what to do
+                return None
+        return tensors
 
     def _check(self, spec: TensorSpec, i: int, arg: Any, dims: dict) -> tuple[Any, str]:
         where = f"input '{spec.name}' (argument {i})"
@@ -366,6 +399,24 @@ def _overlaps(buf: Any, arg: Any) -> bool:
         return np.may_share_memory(_as_numpy_view(buf), _as_numpy_view(arg))
     except (TypeError, BufferError, RuntimeError, ValueError):
         return False
+
+
+def _as_leaf(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """A destination array seen as the output it holds (a reshape or re-typed view of it)."""
+    if array.shape == spec.shape and array.dtype == spec.dtype:
+        return array
+    return array.reshape(-1).view(spec.dtype).reshape(spec.shape)
+
+
+def _wrap(array: np.ndarray, kind: str) -> Any:
+    """One of our pooled arrays as the caller's kind (sharing its memory)."""
+    if kind == "torch":
+        import torch
+
+        return torch.from_numpy(array)
+    if kind == "tvm":
+        return tvm_ffi.from_dlpack(array, require_alignment=1)
+    return array
 
 
 def _export(value: Any, kind: str, copy: bool) -> Any:

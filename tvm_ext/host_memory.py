@@ -46,6 +46,7 @@ class HostBuffer:
             start = -self._root.ctypes.data % ALIGN
         self.data = self._root[start:start + nbytes]
         self.data[::PAGE] = 0  # fault every page in now, not in the first call
+        self._tensors: dict = {}  # (shape, dtype) -> (an array over the buffer, its TVM tensor), made once
         self._idle_refs = sys.getrefcount(self._root)
 
     def view(self, shape: tuple, dtype: str) -> np.ndarray:
@@ -53,10 +54,29 @@ class HostBuffer:
         count = math.prod(shape)
         return self.data[:count * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
 
+    def lease(self, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
+        """A new array over the buffer (it marks the buffer used until dropped) and the TVM tensor
+        of that shape the kernels write through (made on first use and kept)."""
+        key = (shape, dtype)
+        if key not in self._tensors:
+            import tvm_ffi
+
+            template = self.view(shape, dtype)
+            self._tensors[key] = (template, tvm_ffi.from_dlpack(template, require_alignment=ALIGN))
+            self._idle_refs += 1  # the template holds the root (the export holds the template)
+        template, tensor = self._tensors[key]
+        return template.view(), tensor
+
     @property
     def in_use(self) -> bool:
         """Whether any array, tensor or DLPack export made from this buffer is still alive."""
         return sys.getrefcount(self._root) > self._idle_refs
+
+
+def block_size(shape: tuple, dtype: str) -> int:
+    """The pool's block size for an array: its bytes, rounded up to the alignment."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    return max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
 
 
 class BufferPool:
@@ -66,17 +86,23 @@ class BufferPool:
         self._blocks: dict[int, list[HostBuffer]] = {}
         self._lock = threading.Lock()
 
-    def take(self, shape: tuple, dtype: str) -> np.ndarray:
-        """An array on a free block; the array itself marks the block used until it is dropped."""
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        size = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+    def take(self, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
+        """An array on a free block, and the block's TVM tensor of that shape; the array marks
+        the block used until it (and every view of it) is dropped."""
+        return self.take_sized(block_size(shape, dtype), shape, dtype)
+
+    def take_sized(self, size: int, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
+        """``take`` with the block size (``block_size(shape, dtype)``) worked out beforehand."""
         with self._lock:
-            blocks = self._blocks.setdefault(size, [])
-            block = next((b for b in blocks if not b.in_use), None)
-            if block is None:
-                block = HostBuffer(size)
-                blocks.append(block)
-            return block.view(shape, dtype)
+            blocks = self._blocks.get(size)
+            if blocks is None:
+                blocks = self._blocks[size] = []
+            for block in blocks:
+                if not block.in_use:
+                    return block.lease(shape, dtype)
+            block = HostBuffer(size)
+            blocks.append(block)
+            return block.lease(shape, dtype)
 
     @property
     def blocks(self) -> int:
