@@ -69,7 +69,8 @@ def main(argv=None) -> int:
         fmt = lambda r: "-" if r is None else f"{r:.2f}"  # noqa: E731
         holds = m.planned <= (m.tvm_static or 0) and m.planned <= 1.1 * m.lower_bound
         ok &= holds
-        print(f"{name:40s} {kib(m.planned):>10s} {kib(m.naive):>10s} {kib(m.tvm_static):>10s} {kib(m.lower_bound):>10s} "
+        print(f"{name:40s} {kib(m.planned):>10s} {kib(m.naive):>10s} {kib(m.tvm_static):>10s} "
+              f"{kib(m.lower_bound):>10s} "
               f"{m.inplace:>7d} {fmt(r_tvm):>5s} {fmt(r_lb):>6s} {fmt(r_naive):>6s} {kib(m.program_order_bound):>9s}"
               f"  {m.allocator}"
               f"{'' if holds else '  OVER A BOUND'}", flush=True)

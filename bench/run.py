@@ -319,7 +319,8 @@ def main(argv=None) -> int:
         return float(np.exp(np.mean(np.log(vals)))) if vals else None
 
     per_fusion = {f: float(np.exp(np.mean([np.log(r["tvm_ms"] / r["ours_ms"][f]) for r in rows]))) for f in fusions}
-    print(f"{'geomean':26s} {' ' * 10 * len(fusions)}{'':8s} {'':7s}{'':9s} {'':8s} {'':8s} {'':8s} | {geo('vs_tvm'):6.2f}x "
+    pad = " " * (10 * len(fusions) + 8 + 1 + 7 + 9 + 1 + 8 + 1 + 8 + 1 + 8)
+    print(f"{'geomean':26s} {pad} | {geo('vs_tvm'):6.2f}x "
           f"{geo('vs_eager'):7.2f}x {_fmt(geo('vs_compile'), '6.2f'):>6s}x {_fmt(geo('vs_ort'), '5.2f'):>5s}x")
     print("geomean speed-up over TVM per strategy: " + ", ".join(f"{f} {v:.2f}x" for f, v in per_fusion.items()))
     if args.tune:

@@ -79,10 +79,11 @@ class CompiledModel:
     The call costs little more than its kernels: inputs go in through DLPack without a copy
     (C-contiguous numpy arrays, torch tensors, TVM tensors); the intermediates live in one
     workspace planned by PlanMemory and allocated once per thread; outputs are written into
-    pooled buffers (``tvm_ext.host_memory``) that come back to the caller through DLPack,
+    pooled buffers (``tvm_ext.host_memory``) that come back to the caller without a copy:
     numpy arrays for numpy inputs, torch tensors for torch inputs, TVM tensors for TVM
     tensors. A buffer is reused once the caller drops every array made from it. Each thread
-    that calls gets its own VM and workspace (the Relax VM is not re-entrant).
+    that calls gets its own VM and workspace (the Relax VM is not re-entrant). A model with
+    symbolic shapes calls ``main`` instead, with the VM's own outputs shared through DLPack.
     """
 
     def __init__(self, executable: tvm.runtime.Executable, inputs: Sequence[TensorSpec],
@@ -92,7 +93,8 @@ class CompiledModel:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.target = target
-        self.entry = entry if entry is not None and _numpy_dtypes(entry) else None
+        usable = entry is not None and _numpy_dtypes(entry) and len(entry.returned) == len(self.outputs)
+        self.entry = entry if usable else None
         self.lowered_module: tvm.IRModule | None = None  # set by the pipeline, for inspection
         self._report = report
         self._device = tvm.cpu(0)
@@ -125,7 +127,6 @@ class CompiledModel:
             result = run(*tensors)
             release()
             leaves = list(result) if _is_array(result) else [result]
-            shared = [True] * len(leaves)
         else:
             dests, owned = self._destinations(out, args)  # owned: our pooled arrays, held through the call
             result = run(*tensors, workspace, *dests)
