@@ -207,3 +207,25 @@ def test_the_pool_lends_a_block_to_one_holder_at_a_time(shape):
     d, _ = pool.take(shape, "float32")  # a view still holds the block
     assert d.ctypes.data != first and pool.blocks == 3
     del row
+
+
+def test_an_output_that_is_a_view_of_a_kernels_result_comes_back_in_its_own_shape(rng):
+    # out = reshape(exp(x)): the kernel writes a (64, 128) destination, the caller gets (8192,)
+    compiled = tvm_ext.compile(build_module(lambda x: R.reshape(R.exp(x), (SHAPE[0] * SHAPE[1],)),
+                                            [(SHAPE, "float32")], ["x"]), fusion="none")
+    x = rng.standard_normal(SHAPE).astype("float32")
+    y = compiled(x)
+    assert y.shape == (SHAPE[0] * SHAPE[1],)
+    np.testing.assert_allclose(y, np.exp(x).reshape(-1), rtol=1e-6)
+    first = y.ctypes.data
+    del y
+    assert compiled(x).ctypes.data == first  # a pooled buffer, not a copy
+
+
+def test_an_input_returned_as_an_output_is_a_copy(rng):
+    compiled = tvm_ext.compile(build_module(lambda x: relax.Tuple([x, R.exp(x)]), [(SHAPE, "float32")], ["x"]))
+    x = rng.standard_normal(SHAPE).astype("float32")
+    same, e = compiled(x)
+    assert not np.shares_memory(same, x)
+    np.testing.assert_array_equal(same, x)
+    np.testing.assert_allclose(e, np.exp(x), rtol=1e-6)

@@ -108,6 +108,9 @@ class CompiledModel:
         self._as_is = [d is not None and tuple(self.entry.outputs[d][0]) == tuple(spec.shape)
                        and self.entry.outputs[d][1] == spec.dtype
                        for d, spec in zip(self.entry.returned, self.outputs)] if self.entry is not None else []
+        # per output, the destination it is (a view of) all of, else None: copied from the VM's result
+        self._leaf_dest = [d if d is not None and _same_bytes(spec, *self.entry.outputs[d]) else None
+                           for d, spec in zip(self.entry.returned, self.outputs)] if self.entry is not None else []
         try:  # what _numpy_fast_path compares against
             self._fast = None if self._symbolic else [
                 (tuple(s.shape), np.dtype(s.dtype), np.dtype(s.dtype).itemsize) for s in self.inputs]
@@ -136,7 +139,7 @@ class CompiledModel:
                 values = [_export(leaf, kind, copy=True) if d is None else
                           _wrap(owned[d] if as_is else _as_leaf(owned[d], spec), kind)
                           if isinstance(leaf, tvm.runtime.Tensor) else _export(leaf, kind, copy=False)
-                          for leaf, d, spec, as_is in zip(leaves, self.entry.returned, self.outputs, self._as_is)]
+                          for leaf, d, spec, as_is in zip(leaves, self._leaf_dest, self.outputs, self._as_is)]
                 return values[0] if len(values) == 1 else tuple(values)
         if out is not None:
             return self._into(out, leaves)
@@ -371,6 +374,13 @@ def _is_torch(value: Any) -> bool:
 
 def _nbytes_of(shape: tuple, dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * tvm.DataType(dtype).bits // 8
+
+
+def _same_bytes(spec: TensorSpec, shape: tuple, dtype: str) -> bool:
+    try:
+        return _nbytes(spec) == _nbytes_of(shape, dtype)
+    except (TypeError, ValueError):  # not a tensor (a nested tuple's spec)
+        return False
 
 
 def _nbytes(spec: TensorSpec) -> int:
