@@ -34,9 +34,11 @@ class Policy:
         return {k: v[0] for k, v in self.space(info).items()}
 
     def candidates(self, info: BlockInfo) -> Iterator[dict]:
+        """Every knob setting of the space, once each: a knob's values can coincide (a lane
+        count equal to a fixed choice at 256-bit vectors), and a repeat would be measured twice."""
         space = self.space(info)
         keys = list(space)
-        for values in itertools.product(*(space[k] for k in keys)):
+        for values in itertools.product(*(list(dict.fromkeys(space[k])) for k in keys)):
             yield dict(zip(keys, values))
 
     def apply(self, builder: ScheduleBuilder, info: BlockInfo, knobs: dict) -> list[str]:

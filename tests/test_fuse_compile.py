@@ -169,17 +169,20 @@ def test_pack_matmul_weights_leaves_other_weights_alone(shape):
 
 
 def test_a_packed_weight_makes_an_anchor_whose_tile_stays_in_a_panel():
-    # compiled from a constant W (256, 64): the kernel reads Wp[j // 32, k, j % 32]; analysis
-    # sees an anchor with period 32 and the register tile divides it
+    # compiled from a constant W (256, 64): the kernel reads Wp[j // P, k, j % P], P two float32
+    # vectors of the target (32 with AVX-512, 16 with AVX2); analysis sees an anchor with
+    # period P and the register tile divides it
     from schedules import Machine, ScheduleBuilder, block_infos
 
     w = np.random.default_rng(1).standard_normal((256, 64)).astype("float32")
     pipe = tvm_ext.Pipeline(schedule=False)
+    machine = Machine.for_target(pipe.target)
+    panel = 2 * machine.vector_bytes // 4
     lowered, _ = pipe.lower(pipe.prepare(_matmuls_of_constant(w, uses=1)))
     func = next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
     (info,) = block_infos(ScheduleBuilder(func).sch)
-    assert (info.kind, info.period) == ("anchor", 32)
+    assert (info.kind, info.period) == ("anchor", panel)
     from schedules.policies import RegisterTiledAnchor
-    assert all(32 % t == 0 for t in RegisterTiledAnchor(Machine(cores=2, vector_bytes=64)).space(info)["tile_j"])
+    assert all(panel % t == 0 for t in RegisterTiledAnchor(machine).space(info)["tile_j"])
     x = np.random.default_rng(2).standard_normal((4, 256)).astype("float32")
     np.testing.assert_allclose(tvm_ext.compile(_matmuls_of_constant(w, uses=1))(x), x @ w, rtol=1e-4, atol=1e-4)

@@ -121,6 +121,21 @@ def test_search_space_candidates_replay_from_json(tasks):
         assert tvm_ffi.structural_equal(result.func, apply_candidate(task.func, task.machine, c).func)
 
 
+@pytest.mark.parametrize("mcpu", ["host", "skylake-avx512", "znver3", "x86-64"])
+def test_search_space_has_no_duplicates_at_any_vector_width(tasks, mcpu):
+    # built and enumerated for each target whatever the host has; nothing runs
+    import tvm
+
+    from schedules.analysis import Machine
+
+    target = tvm_ext.host_target() if mcpu == "host" else tvm.target.Target({"kind": "llvm", "mcpu": mcpu,
+                                                                             "num-cores": 2})
+    machine = Machine.for_target(target)
+    for task in tasks:
+        keys = [candidate_key(c) for c, _ in enumerate_space(task.func, machine)]
+        assert len(keys) > 0 and len(set(keys)) == len(keys), (mcpu, task.name)
+
+
 def test_features_tell_candidates_apart(tasks):
     task = next(t for t in tasks if "softmax" in t.name)
     space = enumerate_space(task.func, task.machine)[:40]
