@@ -112,3 +112,39 @@ def test_cli_reports_errors_without_a_traceback(tmp_path):
     assert out.returncode == 2
     assert out.stderr.startswith("error: cannot read ONNX model") and "Traceback" not in out.stderr
     assert onnx is not None
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("truncate_library", "changed since export"),
+    ("flip_library_bit", "changed since export"),
+    ("edit_shapes", "changed since export"),
+    ("truncate_json", "not valid JSON"),
+    ("remove_library", "is missing"),
+    ("remove_json", "is missing"),
+])
+def test_a_damaged_export_is_refused_before_loading(softmax_model, tmp_path, damage, match):
+    import json
+    import pathlib
+
+    path = tmp_path / "m.so"
+    softmax_model.export(path)
+    lib, meta = pathlib.Path(path), pathlib.Path(str(path) + ".json")
+    if damage == "truncate_library":
+        lib.write_bytes(lib.read_bytes()[: lib.stat().st_size // 2])
+    elif damage == "flip_library_bit":
+        data = bytearray(lib.read_bytes())
+        data[len(data) // 2] ^= 1
+        lib.write_bytes(bytes(data))
+    elif damage == "edit_shapes":
+        edited = json.loads(meta.read_text())
+        edited["inputs"][0]["shape"] = [128, 256]
+        meta.write_text(json.dumps(edited))
+    elif damage == "truncate_json":
+        meta.write_text(meta.read_text()[:40])
+    elif damage == "remove_library":
+        lib.unlink()
+    else:
+        meta.unlink()
+    with pytest.raises(tvm_ext.ModelFileError, match=match) as info:
+        tvm_ext.CompiledModel.load(path)
+    assert "m.so" in str(info.value) and "export the model again" in str(info.value).lower()

@@ -1,6 +1,7 @@
 """The compiled model: call it on arrays, time it, read its report, export and load it."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -15,7 +16,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from relay_passes.plan_memory import PLANNED_ENTRY, RELEASE, PlannedEntry
-from tvm_ext.errors import InputError
+from tvm_ext.errors import InputError, ModelFileError
 from tvm_ext.host_memory import BufferPool, block_size
 from tvm_ext.report import FusionReport
 
@@ -320,27 +321,55 @@ class CompiledModel:
 
     # ------------------------------------------------------------------ export / load
     def export(self, path: str | os.PathLike) -> None:
-        """Write the shared library to ``path`` and its signature, report and calling convention to ``path.json``."""
+        """Write the shared library to ``path`` and its signature, report, calling convention
+        and a checksum of both to ``path.json``."""
         path = os.fspath(path)
         self.executable.export_library(path)
         meta = {"inputs": [asdict(s) for s in self.inputs], "outputs": [asdict(s) for s in self.outputs],
                 "report": self._report.to_dict(), "target": self.target,
                 "entry": self.entry.to_dict() if self.entry is not None else None}
+        meta["checksum"] = _checksum(path, meta)
         with open(path + ".json", "w") as f:
             json.dump(meta, f, indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CompiledModel":
-        """Load what ``export`` wrote."""
+        """Load what ``export`` wrote. The checksum is checked before the library is loaded: a
+        truncated or altered library would crash the process, an edited signature mislead it."""
         path = os.fspath(path)
-        with open(path + ".json") as f:
-            meta = json.load(f)
+        try:
+            with open(path + ".json") as f:
+                meta = json.load(f)
+        except FileNotFoundError as err:
+            raise ModelFileError(f"{path}.json is missing; export writes it beside {path}: "
+                                 f"export the model again") from err
+        except json.JSONDecodeError as err:
+            raise ModelFileError(f"{path}.json is not valid JSON ({err.msg} at line {err.lineno}); "
+                                 f"it was truncated or edited: export the model again") from err
+        if not os.path.exists(path):
+            raise ModelFileError(f"{path}, the library that {path}.json describes, is missing: "
+                                 f"export the model again")
+        expected = meta.pop("checksum", None)
+        if expected is None or _checksum(path, meta) != expected:
+            raise ModelFileError(f"{path} or {path}.json was changed since export (checksum mismatch"
+                                 f"{'' if expected else ': none recorded'}); loading it could crash or compute "
+                                 f"on the wrong shapes. Export the model again")
         executable = tvm.runtime.load_module(path)
         inputs = [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta["inputs"]]
         outputs = [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta.get("outputs", [])]
         entry = PlannedEntry.from_dict(meta["entry"]) if meta.get("entry") else None
         return cls(executable, inputs, FusionReport.from_dict(meta["report"]), meta.get("target", ""),
                    entry=entry, outputs=outputs)
+
+
+def _checksum(library: str, meta: dict) -> str:
+    """SHA-256 of the library's bytes and of the metadata (canonical JSON, checksum excluded)."""
+    digest = hashlib.sha256()
+    with open(library, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    digest.update(json.dumps(meta, sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 def outputs_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:

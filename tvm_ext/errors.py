@@ -38,12 +38,16 @@ class InputError(CompileError, ValueError):
     """A call-time argument of the wrong count, shape or dtype."""
 
 
+class ModelFileError(CompileError, OSError):
+    """An exported model that cannot be loaded as it is: missing, truncated or changed."""
+
+
 def _register_with_ffi() -> None:
     """Keep our error types when they cross TVM's FFI (a pass raising inside ``Sequential``)."""
     import tvm_ffi
 
     for cls in (CompileError, NotLowerable, ShapeError, UnsupportedOpError, UnsupportedDtypeError,
-                DtypeError, FrontendError, InputError):
+                DtypeError, FrontendError, InputError, ModelFileError):
         tvm_ffi.register_error(cls.__name__, cls)
 
 
