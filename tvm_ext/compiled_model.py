@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import threading
@@ -233,7 +234,8 @@ class CompiledModel:
             return None
         tensors = []
         for arg, (shape, dtype, itemsize) in zip(args, self._fast):
-            if type(arg) is not np.ndarray or arg.shape != shape or arg.dtype != dtype or not arg.flags.c_contiguous:
+            if (type(arg) is not np.ndarray or arg.shape != shape or arg.dtype != dtype or not arg.flags.c_contiguous
+                    or not arg.size):
                 return None
             try:
                 tensors.append(tvm_ffi.from_dlpack(arg, require_alignment=itemsize))
@@ -264,6 +266,8 @@ class CompiledModel:
                              f"convert it with .astype('{spec.dtype}')")
         if kind == "tvm":
             return arg, kind
+        if not math.prod(shape):  # no data: DLPack's strides of an empty array are not TVM's compact ones
+            return tvm.runtime.empty(tuple(shape), spec.dtype, self._device), kind
         if kind == "torch":
             if not array.is_contiguous():
                 raise InputError(f"{where} is not contiguous; pass x.contiguous()")

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 from tvm import te, tirx
 
 from tvm_ext import loop_ir as L
@@ -289,6 +290,9 @@ def reduce(kb: KernelBuilder, value: TensorValue, axes: Sequence[int] | None, ki
     axes = normalize_axes(axes, value.ndim, name)
     out_shape = tuple(1 if d in axes else s for d, s in enumerate(value.shape) if keepdims or d not in axes)
     kept = [d for d in range(value.ndim) if d not in axes]
+    if any(value.shape[d] == 0 for d in axes):  # an empty reduction is its identity: a loop that
+        # never runs would leave the output unwritten
+        return full(out_shape, _reduce_identity(kind, out_dtype), out_dtype)
 
     def body(idx, ks):
         full = [None] * value.ndim
@@ -302,6 +306,21 @@ def reduce(kb: KernelBuilder, value: TensorValue, axes: Sequence[int] | None, ki
     staged = reduce_stage(kb, out_shape, [value.shape[d] for d in axes], body, kind,
                           L.compute_dtype(out_dtype), name)
     return cast_value(staged, out_dtype)
+
+
+def _reduce_identity(kind: str, dtype: str) -> float | int:
+    """What a reduction over no element gives (numpy's and PyTorch's value for sum and prod;
+    the neutral element of max and min, where both of them raise instead)."""
+    if kind == "sum":
+        return 0
+    if kind == "prod":
+        return 1
+    if L.is_float(dtype):
+        return -math.inf if kind == "max" else math.inf
+    info = np.iinfo(dtype) if dtype != "bool" else None
+    if info is None:
+        return kind == "min"
+    return info.min if kind == "max" else info.max
 
 
 # --------------------------------------------------------------------------- views

@@ -110,7 +110,8 @@ for _kind in ("sum", "max", "min", "prod"):
 def mean(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str) -> TensorValue:
     """sum(x) * (1/N), the scale fused into the consumer."""
     total = reduce(node.kb, x, axes, "sum", keepdims, L.compute_dtype(out_dtype), node.name + "_sum")
-    scale = 1.0 / _count(x, axes)
+    count = _count(x, axes)
+    scale = 1.0 / count if count else math.nan  # the mean of nothing is NaN, as in numpy and PyTorch
     return pointwise(lambda s: s * scale, [total], out_dtype, node.name)
 
 
