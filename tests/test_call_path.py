@@ -229,3 +229,19 @@ def test_an_input_returned_as_an_output_is_a_copy(rng):
     assert not np.shares_memory(same, x)
     np.testing.assert_array_equal(same, x)
     np.testing.assert_allclose(e, np.exp(x), rtol=1e-6)
+
+
+def test_symbolic_dims_shared_by_inputs_must_agree(rng):
+    n = tvm.tirx.Var("n", "int64")
+    x, y = (relax.Var(name, relax.TensorType((n, 4), "float32")) for name in "xy")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            out = bb.emit_output(R.add(x, y))
+        bb.emit_func_output(out)
+    compiled = tvm_ext.compile(bb.get())
+    assert compiled.entry is None  # symbolic shapes: TVM's planner, the VM's own outputs
+    a, b = rng.standard_normal((3, 4)).astype("float32"), rng.standard_normal((3, 4)).astype("float32")
+    np.testing.assert_allclose(compiled(a, b), a + b, rtol=1e-6)
+    with pytest.raises(tvm_ext.InputError, match="dim 'n' is 5 here but 3"):
+        compiled(a, rng.standard_normal((5, 4)).astype("float32"))
