@@ -398,7 +398,7 @@ def pack_offsets(graph: FunctionGraph, pairs: dict, tries: int = 64, seed: int =
     liveness bound, so orders with sizes kept in front and ties shuffled are tried too
     (``tries``, seeded, deterministic), stopping early at the bound."""
     chain_of, spans = _chains(graph, pairs)
-    bound = _chain_bound(spans)
+    bound = peak_bytes(spans.values())
     heads = sorted(spans, key=lambda h: (-spans[h][2], spans[h][0]))
     best = _place(heads, spans)
     rng = random.Random(seed)
@@ -413,12 +413,13 @@ def pack_offsets(graph: FunctionGraph, pairs: dict, tries: int = 64, seed: int =
     return Plan({v: offsets[h] for v, h in chain_of.items()}, total, len(pairs), "offsets", 0, len(spans))
 
 
-def _chain_bound(spans: dict) -> int:
-    steps: dict = {}
-    for first, last, size in spans.values():
+def peak_bytes(intervals) -> int:
+    """The largest sum of ``size`` over the ``(first, last, size)`` intervals live at one step."""
+    live: dict = {}
+    for first, last, size in intervals:
         for i in range(first, last + 1):
-            steps[i] = steps.get(i, 0) + size
-    return max(steps.values(), default=0)
+            live[i] = live.get(i, 0) + size
+    return max(live.values(), default=0)
 
 
 def best_plan(graph: FunctionGraph, in_place_ok, ranges=range(1, 17)) -> Plan:
@@ -434,17 +435,9 @@ def best_plan(graph: FunctionGraph, in_place_ok, ranges=range(1, 17)) -> Plan:
 def lower_bound(graph: FunctionGraph, order: list[int] | None = None) -> int:
     """Largest sum of live planned bytes over the steps (a value lives from its write to its
     last read), in program order or in ``order`` (step indices, a topological order)."""
-    position = {step: i for i, step in enumerate(order)} if order is not None else None
-    at = (lambda i: position[i]) if position is not None else (lambda i: i)
-    live_at = [0] * len(graph.steps)
-    for v in graph.values:
-        if v.output:
-            continue
-        first = at(v.defined)
-        last = max((at(r) for r in v.readers), default=first)
-        for i in range(first, last + 1):
-            live_at[i] += v.size
-    return max(live_at, default=0)
+    at = {step: i for i, step in enumerate(order)} if order is not None else {s.index: s.index for s in graph.steps}
+    return peak_bytes((at[v.defined], max((at[r] for r in v.readers), default=at[v.defined]), v.size)
+                      for v in graph.values if not v.output)
 
 
 def memory_aware_order(graph: FunctionGraph) -> list[int]:

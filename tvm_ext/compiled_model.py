@@ -47,6 +47,11 @@ class BenchmarkResult:
     def __str__(self) -> str:
         return f"median {self.median_ms:.3f} ms (min {self.min_ms:.3f}, std {self.std_ms:.3f}, {self.runs} runs)"
 
+    @classmethod
+    def of(cls, times_ms: Sequence[float]) -> "BenchmarkResult":
+        return cls(statistics.median(times_ms), statistics.fmean(times_ms), min(times_ms),
+                   statistics.pstdev(times_ms), len(times_ms))
+
 
 def time_calls(fn: Callable[[], Any], number: int = 10, repeat: int = 7) -> BenchmarkResult:
     """Median of ``repeat`` timings, each the mean of ``number`` calls of ``fn`` (after one
@@ -58,8 +63,7 @@ def time_calls(fn: Callable[[], Any], number: int = 10, repeat: int = 7) -> Benc
         for _ in range(number):
             fn()
         times.append((time.perf_counter() - t0) / number * 1e3)
-    return BenchmarkResult(statistics.median(times), statistics.fmean(times), min(times),
-                           statistics.pstdev(times), len(times))
+    return BenchmarkResult.of(times)
 
 
 def signature_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
@@ -103,16 +107,12 @@ class CompiledModel:
         self._pool = BufferPool()
         self._local = threading.local()
         self._symbolic = any(isinstance(d, str) for s in self.inputs for d in s.shape)
-        # per destination (shape, dtype, pool block size); per output, whether its destination
-        # array is the output as it is (else a reshaped or re-typed view of it)
-        self._dests = [(tuple(sh), dt, block_size(tuple(sh), dt)) for sh, dt in self.entry.outputs] \
-            if self.entry is not None else []
-        self._as_is = [d is not None and tuple(self.entry.outputs[d][0]) == tuple(spec.shape)
-                       and self.entry.outputs[d][1] == spec.dtype
-                       for d, spec in zip(self.entry.returned, self.outputs)] if self.entry is not None else []
-        # per output, the destination it is (a view of) all of, else None: copied from the VM's result
-        self._leaf_dest = [d if d is not None and _same_bytes(spec, *self.entry.outputs[d]) else None
-                           for d, spec in zip(self.entry.returned, self.outputs)] if self.entry is not None else []
+        # per destination (shape, dtype, pool block size); per output, the destination it is
+        # all of (possibly reshaped or re-typed), or None when it is copied from the VM's result
+        entry = self.entry
+        self._dests = [(tuple(sh), dt, block_size(tuple(sh), dt)) for sh, dt in entry.outputs] if entry else []
+        self._leaf_dest = [d if d is not None and _same_bytes(spec, *entry.outputs[d]) else None
+                           for d, spec in zip(entry.returned, self.outputs)] if entry else []
         try:  # what _numpy_fast_path compares against
             self._fast = None if self._symbolic else [
                 (tuple(s.shape), np.dtype(s.dtype), np.dtype(s.dtype).itemsize) for s in self.inputs]
@@ -139,9 +139,9 @@ class CompiledModel:
             leaves = list(result) if _is_array(result) else [result]
             if out is None:  # the pooled arrays themselves go back, viewed in each output's shape
                 values = [_export(leaf, kind, copy=True) if d is None else
-                          _wrap(owned[d] if as_is else _as_leaf(owned[d], spec), kind)
-                          if isinstance(leaf, tvm.runtime.Tensor) else _export(leaf, kind, copy=False)
-                          for leaf, d, spec, as_is in zip(leaves, self._leaf_dest, self.outputs, self._as_is)]
+                          _wrap(_as_leaf(owned[d], spec), kind) if isinstance(leaf, tvm.runtime.Tensor) else
+                          _export(leaf, kind, copy=False)
+                          for leaf, d, spec in zip(leaves, self._leaf_dest, self.outputs)]
                 return values[0] if len(values) == 1 else tuple(values)
         if out is not None:
             return self._into(out, leaves)
@@ -168,10 +168,10 @@ class CompiledModel:
         dests: list = [None] * len(self._dests)
         if out is not None:
             given = self._out_buffers(out, args)
-            for leaf, d in enumerate(self.entry.returned):
-                shape, dtype = self.entry.outputs[d] if d is not None else ((), "")
-                if d is not None and dests[d] is None and _nbytes(self.outputs[leaf]) == _nbytes_of(shape, dtype):
-                    dests[d] = tvm_ffi.from_dlpack(_reshaped(given[leaf], shape), require_alignment=1)
+            for buf, d in zip(given, self._leaf_dest):
+                if d is not None and dests[d] is None:
+                    dests[d] = tvm_ffi.from_dlpack(_as_numpy_view(buf).reshape(self._dests[d][0]),
+                                                   require_alignment=1)
         owned: list = [None] * len(dests)
         for d, (shape, dtype, size) in enumerate(self._dests):
             if dests[d] is None:
@@ -308,9 +308,7 @@ class CompiledModel:
             name, call_args = PLANNED_ENTRY, [*tensors, workspace, *dests]
         evaluator = vm.time_evaluator(name, self._device, number=number, repeat=repeat,
                                       min_repeat_ms=min_repeat_ms)
-        times = [t * 1e3 for t in evaluator(*call_args).results]
-        return BenchmarkResult(statistics.median(times), statistics.fmean(times), min(times),
-                               statistics.pstdev(times), len(times))
+        return BenchmarkResult.of([t * 1e3 for t in evaluator(*call_args).results])
 
     def time_call(self, *args: Any, number: int = 10, repeat: int = 7) -> BenchmarkResult:
         """The user's call, ``self(*args)``, timed as ``time_calls`` does: conversions of the
@@ -434,10 +432,6 @@ def _as_numpy_view(buf: Any) -> np.ndarray:
     return buf if isinstance(buf, np.ndarray) else np.from_dlpack(buf)
 
 
-def _reshaped(buf: Any, shape: tuple) -> Any:
-    return _as_numpy_view(buf).reshape(shape)
-
-
 def _overlaps(buf: Any, arg: Any) -> bool:
     try:
         return np.may_share_memory(_as_numpy_view(buf), _as_numpy_view(arg))
@@ -447,7 +441,7 @@ def _overlaps(buf: Any, arg: Any) -> bool:
 
 def _as_leaf(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
     """A destination array seen as the output it holds (a reshape or re-typed view of it)."""
-    if array.shape == spec.shape and array.dtype == spec.dtype:
+    if array.shape == spec.shape and array.dtype.name == spec.dtype:
         return array
     return array.reshape(-1).view(spec.dtype).reshape(spec.shape)
 

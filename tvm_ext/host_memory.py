@@ -30,9 +30,7 @@ class HostBuffer:
     """
 
     def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        self.huge = nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE")
-        if self.huge:
+        if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
             span = math.ceil(nbytes / HUGE_PAGE) * HUGE_PAGE
             mapping = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self._root = np.frombuffer(mapping, np.uint8)
@@ -40,7 +38,7 @@ class HostBuffer:
             try:
                 mapping.madvise(mmap.MADV_HUGEPAGE, start, span)
             except OSError:  # a kernel without THP: ordinary pages
-                self.huge = False
+                pass
         else:
             self._root = np.empty(max(nbytes, 1) + ALIGN, np.uint8)
             start = -self._root.ctypes.data % ALIGN
@@ -107,7 +105,3 @@ class BufferPool:
     @property
     def blocks(self) -> int:
         return sum(len(b) for b in self._blocks.values())
-
-    @property
-    def bytes(self) -> int:
-        return sum(b.nbytes for bs in self._blocks.values() for b in bs)
