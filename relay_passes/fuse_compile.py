@@ -22,7 +22,8 @@ from relay_passes.grouping import substitute
 from relay_passes.lower_call import lower_call, static_type
 from tvm_ext import attrs
 from tvm_ext.errors import NotLowerable
-from tvm_ext.lowering import KernelBuilder
+from tvm_ext import loop_ir as L
+from tvm_ext.lowering import KernelBuilder, Stage, TensorValue
 from tvm_ext.registry import OPS, OpRegistry
 
 
@@ -33,9 +34,17 @@ class LoweredGroup:
     out_types: list[relax.TensorType]
 
 
+# A kernel stage whose TIR, Lets substituted, would exceed this many nodes has its inputs
+# realized as kernel-local stages first (``inlined_size``): TVM's analyzer walks that tree in
+# several passes and in codegen, about 15 us a node each, so nested fast-math forms (Mish's
+# tanh of a log: 9e5 nodes) took minutes to compile. 5e4 nodes compile in about a second.
+MAX_INLINED_NODES = 50_000
+
+
 @dataclass
 class FuseCompileLog:
     fallbacks: dict[str, str] = field(default_factory=dict)  # group -> why TVM kept it
+    stages: list[tuple[str, str, str]] = field(default_factory=list)  # (node, op, why) realized
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="FuseCompile")
@@ -62,7 +71,8 @@ class FuseCompile:
                 rest[gv] = func
                 continue
             try:
-                lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry, self.exact_math)
+                lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry, self.exact_math,
+                                                    self.log.stages)
             except NotLowerable as err:
                 fallback[gv.name_hint] = func
                 self.log.fallbacks[gv.name_hint] = str(err)
@@ -114,8 +124,10 @@ class _CallRewriter(PyExprMutator):
 
 # --------------------------------------------------------------------------- lowering
 def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
-                exact_math: bool = False) -> LoweredGroup:
-    """Compose the Loop IR of every binding of ``func`` and build one PrimFunc."""
+                exact_math: bool = False, stages_log: list | None = None) -> LoweredGroup:
+    """Compose the Loop IR of every binding of ``func`` and build one PrimFunc. A binding
+    whose expression would grow past ``MAX_INLINED_NODES`` reads its inputs from kernel-local
+    stages instead (each recorded in ``stages_log`` as (node, op, why))."""
     kb = KernelBuilder(name, exact_math=exact_math)
     env: dict = {}
     for p in func.params:
@@ -123,15 +135,20 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
         env[p] = kb.add_input(p.name, shape, dtype)
     const_args: list = []
     ops: list[str] = []
+    ops_of: dict = {}
     local = {str(n) for n in func.attrs[attrs.LOCAL]} if attrs.LOCAL in func.attrs else set()
     for block in func.body.blocks:
         for b in block.bindings:
-            value = _lower_binding(b, env, kb, const_args, registry)
+            staged: list = []
+            value = _lower_bounded(b, env, kb, const_args, registry, staged)
+            if stages_log is not None:
+                stages_log += [(v.name, ops_of.get(v, "param"), why) for v, why in staged]
             if b.var.name in local and not isinstance(value, list):
                 value = kb.realize(value, b.var.name)  # a kernel-local stage, not recomputed
             env[b.var] = value
             if isinstance(b.value, relax.Call):
                 ops.append(b.value.op.name.replace("relax.", ""))
+                ops_of[b.var] = ops[-1]
     result = func.body.body
     outs = list(result.fields) if isinstance(result, relax.Tuple) else [result]
     stages = [kb.store(env[o], o.name) for o in outs]
@@ -142,6 +159,39 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
                             attrs.MASTER: master})
     out_types = [relax.TensorType(s.buffer.shape, s.buffer.dtype) for s in stages]
     return LoweredGroup(prim, const_args, out_types)
+
+
+def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: list,
+                   registry: OpRegistry, staged: list):
+    """``_lower_binding``; while the result (or a stage it made) is over ``MAX_INLINED_NODES``,
+    undo it, realize the largest input it inlines, and lower again."""
+    while True:
+        marks = len(kb.stages), len(kb.inputs), len(const_args)
+        value = _lower_binding(b, env, kb, const_args, registry)
+        size = _largest_expr(value, kb.stages[marks[0]:], kb.exact_math)
+        if size <= MAX_INLINED_NODES:
+            return value
+        inputs = [(v, env[v]) for v in relax.analysis.free_vars(b.value)
+                  if isinstance(env.get(v), TensorValue) and env[v].buffer is None]
+        if not inputs:
+            return value
+        sized = [(_value_size(t, kb.exact_math), v, t) for v, t in inputs]
+        in_size, var, biggest = max(sized, key=lambda x: x[0])
+        del kb.stages[marks[0]:], kb.inputs[marks[1]:], const_args[marks[2]:]
+        env[var] = kb.realize(biggest, var.name)
+        staged.append((var, f"inlined-size: {b.var.name} would be {size:,} TIR nodes "
+                            f"(> {MAX_INLINED_NODES:,}); {var.name} ({in_size:,}) is a kernel-local stage"))
+
+
+def _largest_expr(value, new_stages: list[Stage], exact_math: bool) -> int:
+    sizes = [L.inlined_size(s.expr, exact_math) for s in new_stages if s.expr is not None]
+    if isinstance(value, TensorValue) and value.buffer is None:
+        sizes.append(_value_size(value, exact_math))
+    return max(sizes, default=0)
+
+
+def _value_size(value: TensorValue, exact_math: bool) -> int:
+    return L.inlined_size(value.load(tuple(tirx.Var(f"i{d}", "int32") for d in range(value.ndim))), exact_math)
 
 
 def _lower_binding(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: list,

@@ -144,3 +144,29 @@ def test_nested_vectorizable_forms_bind_their_arguments_once():
     assert "T.exp" not in fast and "T.exp" in exact
     assert fast.count("tensor_load") == 1  # read once, bound by a Let (40k characters without)
     assert len(fast) < 6000
+
+
+def test_inlined_size_counts_every_use_of_a_shared_node():
+    # worked by hand: a load is 1 node, (x + x) is 3, (x + x) * (x + x) is 1 + 3 + 3 = 7 as a
+    # tree, though the DAG has 3 nodes; plain arithmetic translates one node per Loop IR node
+    buf = L.Buffer("x", (2,), "float32")
+    x = L.Load(buf, (0,))
+    s = x + x
+    assert L.count_nodes(s * s) == 3
+    assert L.inlined_size(s * s) == 7
+
+
+@pytest.mark.parametrize("form", ["exp", "log", "tanh", "erf", "sigmoid"])
+def test_inlined_size_matches_the_translated_tir(form):
+    # Loop IR's estimate (per-op profiles) equals a direct count of the TIR to_te makes, Lets
+    # substituted, for a form of a form: the size that TVM's analyzer walks
+    buf = L.Buffer("x", (4,), "float32")
+    buf.tensor = te.placeholder((4,), "float32", name="x")
+    x = L.Load(buf, (0,))
+    inner = getattr(L, form)(x * 2.0 + 1.0)
+    expr = L.tanh(L.select(L.greater(x, 20.0), x, inner)) * x
+    for exact in (False, True):
+        assert L.inlined_size(expr, exact) == L.tir_inlined_size(L.to_te(expr, exact))
+    # nesting multiplies: tanh reads its argument hundreds of times once its Lets are substituted
+    assert L.inlined_size(expr) > 100 * L.inlined_size(inner)
+    assert L.inlined_size(expr, exact_math=True) < 20

@@ -236,6 +236,91 @@ def tree_size(expr: LoopExpr) -> int:
     return sizes[id(expr)]
 
 
+def inlined_size(expr: LoopExpr, exact_math: bool = False) -> int:
+    """Nodes of the TIR expression ``to_te`` makes of ``expr`` once every ``Let`` is substituted:
+    what TVM's arithmetic analyzer walks, since its passes and LLVM codegen bind each ``Let``
+    value to its variable and simplify through it. A fast-math form reads its argument many
+    times (tanh 784, log 209), so nesting forms multiplies sizes: the compile time of a kernel
+    grows with this number (about 15 us a node), not with its Loop IR."""
+    sizes: dict[int, int] = {}
+    stack = [(expr, False)]
+    while stack:  # post-order without recursion, as in tree_size
+        node, ready = stack.pop()
+        if id(node) in sizes:
+            continue
+        if not ready:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node.children() if id(c) not in sizes)
+            continue
+        child = [sizes[id(c)] for c in node.children()]
+        if isinstance(node, Compute):
+            own, uses = _op_profile(node.op, tuple(a.dtype for a in node.args), _is_fast(node, exact_math))
+            sizes[id(node)] = own + sum(u * c for u, c in zip(uses, child))
+        else:
+            sizes[id(node)] = 1 + sum(child)
+    return sizes[id(expr)]
+
+
+_PROFILES: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+
+
+def _op_profile(op: str, dtypes: tuple[str, ...], fast: bool) -> tuple[int, tuple[int, ...]]:
+    """(nodes of the op's own TIR, how often it reads each argument), Lets substituted, from
+    translating the op once on variables."""
+    key = (op, dtypes, fast)
+    if key not in _PROFILES:
+        spec = SCALAR_OPS[op]
+        args = [tirx.Var(f"a{i}", d) for i, d in enumerate(dtypes)]
+        expr = spec.te_fast(*args, let=True) if fast else spec.te_fn(*args)
+        size, uses = _te_inlined(expr, args)
+        _PROFILES[key] = (size - sum(uses), tuple(uses))
+    return _PROFILES[key]
+
+
+def tir_inlined_size(expr: PrimExpr) -> int:
+    """``inlined_size`` of a TIR expression itself (a block's stored value, say)."""
+    return _te_inlined(expr, [])[0]
+
+
+def _te_inlined(expr: PrimExpr, leaves: list[tirx.Var]) -> tuple[int, list[int]]:
+    """Tree size of a (small) TIR expression with its Lets substituted, and the occurrences
+    of each of ``leaves`` in it."""
+    leaf_index = {hash(v): i for i, v in enumerate(leaves)}
+    env: dict[int, tuple[int, list[int]]] = {}
+
+    def go(e) -> tuple[int, list[int]]:
+        if isinstance(e, tirx.Let):
+            env[hash(e.var)] = go(e.value)
+            return go(e.body)
+        if isinstance(e, tirx.Var):
+            if hash(e) in leaf_index:
+                uses = [0] * len(leaves)
+                uses[leaf_index[hash(e)]] = 1
+                return 1, uses
+            return env.get(hash(e), (1, [0] * len(leaves)))
+        size, uses = 1, [0] * len(leaves)
+        for c in _te_children(e):
+            cs, cu = go(c)
+            size += cs
+            uses = [a + b for a, b in zip(uses, cu)]
+        return size, uses
+    return go(expr)
+
+
+def _te_children(e) -> list:
+    if isinstance(e, tirx.Select):
+        return [e.condition, e.true_value, e.false_value]
+    if isinstance(e, tvm.ir.Call):  # a tensor read counts one node, as a Loop IR Load does
+        return [] if getattr(e.op, "name", "") == "te.tensor_load" else list(e.args)
+    if isinstance(e, (tirx.Cast, tirx.Broadcast)):
+        return [e.value]
+    if isinstance(e, tirx.Not):
+        return [e.a]
+    if hasattr(e, "a") and hasattr(e, "b"):  # binary arithmetic and comparisons
+        return [e.a, e.b]
+    return []
+
+
 def count_loads(expr: LoopExpr) -> int:
     return sum(1 for n in walk(expr) if isinstance(n, Load))
 

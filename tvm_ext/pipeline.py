@@ -215,6 +215,7 @@ def _report(lowered: tvm.IRModule, groups: MakeGroups, fuse: FuseCompile) -> Fus
         for d in part.decisions:
             node = part.graph[d.node]
             decisions.append(Decision(node.name, (node.op or node.kind).replace("relax.", ""), d.action, d.reason))
+    decisions += [Decision(node, op, "stage", why) for node, op, why in fuse.log.stages]
     return FusionReport(kernels, views, decisions, dict(fuse.log.fallbacks))
 
 
