@@ -94,6 +94,24 @@ class BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
 
 
+class Mish(nn.Module):
+    """x * tanh(softplus(x)): three nested transcendentals (a compile-time test as much as a kernel)."""
+
+    def forward(self, x):
+        return x * torch.tanh(nn.functional.softplus(x))
+
+
+class GroupNormSiLU(nn.Module):
+    """GroupNorm then SiLU, as in diffusion U-Nets: statistics over channel groups and space."""
+
+    def __init__(self, groups, channels):
+        super().__init__()
+        self.norm = nn.GroupNorm(groups, channels)
+
+    def forward(self, x):
+        return nn.functional.silu(self.norm(x))
+
+
 class MatMul(nn.Module):
     """x @ W for a square weight: fp32 GEMM, compared with torch.mm (oneDNN/MKL)."""
 
@@ -123,6 +141,8 @@ def workloads(quick: bool) -> dict[str, Workload]:
         "layer_norm": Workload(lambda: (nn.LayerNorm(768), torch.randn(rows, 768)), True),
         "layer_norm_by_hand": Workload(lambda: (LayerNormByHand(768), torch.randn(rows, 768)), True),
         "rms_norm": Workload(lambda: (RMSNorm(768), torch.randn(rows, 768)), True),
+        "mish": Workload(lambda: (Mish(), torch.randn(3, 500 // s, 700)), True),
+        "group_norm_silu": Workload(lambda: (GroupNormSiLU(8, 48), torch.randn(4, 48, 30, 30)), True),
         "matmul_512": Workload(lambda: (MatMul(512), torch.randn(512, 512)), False, 2 * 512 ** 3),
         "matmul_1024": Workload(lambda: (MatMul(1024), torch.randn(1024, 1024)), False, 2 * 1024 ** 3),
         "matmul_2048": Workload(lambda: (MatMul(2048 // s), torch.randn(2048 // s, 2048 // s)), False,

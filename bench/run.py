@@ -176,10 +176,12 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     xn = x.numpy()
     with torch.no_grad():
         ref = module(x).numpy()
-    row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True}
+    row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True, "build_s": {}}
     timers, slow = {}, set()
     for fusion in fusions:
+        t0 = time.perf_counter()
         compiled = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
+        row["build_s"][fusion] = time.perf_counter() - t0  # import excluded: torch.export is PyTorch's
         row["ok"] &= bool(np.allclose(compiled(xn), ref, rtol=1e-3, atol=1e-3))
         timers[f"ours:{fusion}"] = py_timer(lambda c=compiled: c(xn))  # as users call it: numpy in and out
         timers[f"kernels:{fusion}"] = kernel_timer(compiled, xn)
@@ -199,7 +201,9 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     else:  # as TVM's users call it: a tensor made from numpy, the result back to numpy
         timers["tvm"] = py_timer(lambda: call_as_users_do(baseline, xn))
     row["tvm_fused_kernels"] = tvm_fused_kernel_count(imported)
+    t0 = time.perf_counter()
     session_run = onnxruntime_session(module, x) if with_ort else None
+    row["ort_build_s"] = time.perf_counter() - t0 if session_run is not None else None  # export + session
     if session_run is not None:
         timers["ort"] = py_timer(session_run)
     row["must_move_bytes"] = must_move_bytes(imported)
@@ -211,7 +215,9 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 compiled_torch = torch.compile(module)
+                t0 = time.perf_counter()
                 compiled_torch(x)
+                row["torch_compile_build_s"] = time.perf_counter() - t0  # its first call compiles
                 timers["compile"] = py_timer(lambda: compiled_torch(x))
         ms = interleaved_medians(timers, repeat, frozenset(slow))
     row["ours_ms"] = {f: ms[f"ours:{f}"] for f in fusions}
@@ -309,6 +315,10 @@ def main(argv=None) -> int:
               f"{_fmt(row['ort_ms'], '8.3f'):>8s} | {row['vs_tvm']:6.2f}x {row['vs_eager']:7.2f}x "
               f"{_fmt(row['vs_compile'], '6.2f'):>6s}x {_fmt(row['vs_ort'], '5.2f'):>5s}x {_fmt(row['x_roof'], '5.2f'):>5s}x | "
               f"{kernels}{gflops}{'' if row['ok'] else '  MISMATCH'}", flush=True)
+        builds = ", ".join(f"{f} {row['build_s'][f]:.1f} s" for f in fusions)
+        print(f"{'  compile time':26s} ours: {builds}; torch.compile first call "
+              f"{_fmt(row.get('torch_compile_build_s'), '.1f')} s; ORT export + session "
+              f"{_fmt(row.get('ort_build_s'), '.1f')} s", flush=True)
         if row["tuned_ms"]:
             tflops = f", {row['tuned_gflops']:.0f} GFLOP/s" if row["tuned_gflops"] else ""
             print(f"{'  tuned (' + fusions[0] + ')':26s} {row['tuned_ms']:9.3f} ms: {row['tuned_vs_untuned']:.2f}x "

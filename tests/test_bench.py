@@ -15,10 +15,11 @@ def test_bench_quick_run_writes_ratios(tmp_path):
                           "--repeat", "1", "--no-torch-compile", "--json", str(out_json)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    assert "vs TVM" in out.stdout and "geomean" in out.stdout
+    assert "vs TVM" in out.stdout and "geomean" in out.stdout and "compile time" in out.stdout
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["model"] for r in rows] == ["elementwise_chain", "mlp"]
     for r in rows:
         assert r["ok"] and r["tvm_ms"] > 0 and r["eager_ms"] > 0
         assert set(r["ours_ms"]) == {"autofuse", "nnvm"} and min(r["ours_ms"].values()) > 0
+        assert set(r["build_s"]) == {"autofuse", "nnvm"} and min(r["build_s"].values()) > 0
     assert rows[0]["x_roof"] > 0 and rows[1]["x_roof"] is None  # a roofline for memory-bound work only

@@ -279,6 +279,20 @@ CASES.append(Case("relax.nn.layer_norm", lambda x, g, b: R.nn.layer_norm(x, g, b
 CASES.append(Case("relax.nn.layer_norm", lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-2, -1]), normal(),
                   lambda x, g, b: _layer_norm(x, g, b, (-2, -1)), REDUCE,
                   shapes=_fixed((3, 4, 6), (4, 6), (4, 6)), arity=3, id="two axes"))
+def _group_norm(x, g, b, groups, eps=1e-5):  # channels on axis 1, the rest spatial
+    n, c = x.shape[:2]
+    xg = x.reshape(n, groups, -1)
+    y = (xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + eps)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    return y.reshape(x.shape) * g.reshape(shape) + b.reshape(shape)
+
+
+CASES.append(Case("relax.nn.group_norm", lambda x, g, b: R.nn.group_norm(x, g, b, 4, 1, [2, 3]), normal(scale=2.0, shift=1.0),
+                  lambda x, g, b: _group_norm(x, g, b, 4), REDUCE,
+                  shapes=_fixed((2, 12, 5, 7), (12,), (12,)), arity=3))
+CASES.append(Case("relax.nn.group_norm", lambda x, g, b: R.nn.group_norm(x, g, b, 3, 1, [2]), normal(),
+                  lambda x, g, b: _group_norm(x, g, b, 3), REDUCE,
+                  shapes=_fixed((3, 9, 17), (9,), (9,)), arity=3, id="odd sizes, 1-d"))
 CASES.append(Case("relax.nn.rms_norm", lambda x, w: R.nn.rms_norm(x, w, axes=[-1]), normal(),
                   lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w, REDUCE,
                   shapes=_fixed((4, 7, 64), (64,)), arity=2))

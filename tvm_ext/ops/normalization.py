@@ -1,10 +1,10 @@
-"""Composite ops lowered to primitives: softmax, log_softmax, layer_norm, rms_norm,
+"""Composite ops lowered to primitives: softmax, log_softmax, layer_norm, group_norm, rms_norm,
 batch_norm (inference). Their reductions are kernel-local stages; the rest fuses."""
 from __future__ import annotations
 
 from typing import Sequence
 
-from tvm import relax
+from tvm import relax, tirx
 
 from tvm_ext import loop_ir as L
 from tvm_ext.gradient_rules import const, shape_of
@@ -131,6 +131,49 @@ def _layer_norm(node: OpNode) -> TensorValue:
         return out
 
     return pointwise(affine, parts, node.out_dtype, node.name)
+
+
+@register_op("relax.nn.group_norm", OpPattern.OUT_EWISE_FUSABLE)
+def _group_norm(node: OpNode) -> TensorValue:
+    """Layer norm over each group of ``C / num_groups`` channels and ``axes``: the statistics
+    come from a view with the channel axis split in (group, channel in group), two reductions
+    that read x once each, and one pass that writes the result (with gamma, beta per channel)."""
+    x, gamma, beta = node.args
+    ca = normalize_axes([node.attr("channel_axis")], x.ndim, node.name)[0]
+    groups = int(node.attr("num_groups"))
+    channels = x.shape[ca]
+    if groups <= 0 or channels % groups:
+        raise ValueError(f"{node.name}: {channels} channels do not split into {groups} groups")
+    per = channels // groups
+    eps = float(node.attr("epsilon"))
+    cdt = L.compute_dtype(node.out_dtype)
+    gshape = (*x.shape[:ca], groups, per, *x.shape[ca + 1:])
+    grouped = view(x, gshape, lambda i: [*i[:ca], i[ca] * per + i[ca + 1], *i[ca + 2:]], node.name + "_groups")
+    red = sorted([ca + 1] + [a + (a > ca) for a in normalize_axes(node.attr("axes"), x.ndim, node.name)])
+    mu = mean(node, grouped, red, True, cdt)
+    var = variance(node, grouped, red, True, cdt, m=mu)
+
+    def per_element(stat: TensorValue) -> TensorValue:  # a group statistic, read at x's index
+        def index(i):
+            out = [0 if d in red else i[d] for d in range(ca)] + [i[ca] // per if isinstance(i[ca], int) else tirx.floordiv(i[ca], per), 0]
+            return out + [0 if d + 1 in red else i[d] for d in range(ca + 1, x.ndim)]
+        return view(stat, x.shape, index)
+
+    parts = [x, per_element(mu), per_element(var)]
+    if node.attr("scale", True):
+        parts.append(along(gamma, x.ndim, [ca], x.shape))
+    if node.attr("center", True):
+        parts.append(along(beta, x.ndim, [ca], x.shape))
+
+    def norm(v, m, s, *gb):
+        out = (v - m) * L.rsqrt(s + eps)
+        if node.attr("scale", True):
+            out = out * gb[0]
+        if node.attr("center", True):
+            out = out + gb[-1]
+        return out
+
+    return pointwise(norm, parts, node.out_dtype, node.name)
 
 
 @register_op("relax.nn.rms_norm", OpPattern.OUT_EWISE_FUSABLE)
