@@ -24,17 +24,32 @@ class Machine:
 
     @classmethod
     def for_target(cls, target: tvm.target.Target) -> "Machine":
+        """The machine a target describes: its vector width from LLVM's features for its mcpu
+        and mattr (AVX-512: 64 bytes, AVX/AVX2: 32, plain x86-64's SSE2: 16)."""
         cores = int(target.attrs.get("num-cores", 0) or len(os.sched_getaffinity(0)))
-        return cls(cores=cores, vector_bytes=64 if has_avx512(target) else 32)
+        return cls(cores=cores, vector_bytes=vector_bytes(target))
+
+
+def _has(feature: str, target: tvm.target.Target) -> bool:
+    mattr = [str(a) for a in target.attrs.get("mattr", []) or []]
+    if f"+{feature}" in mattr:
+        return True
+    if f"-{feature}" in mattr:
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # noqa: BLE001 - not an LLVM x86 target: no such feature
+        return False
 
 
 def has_avx512(target: tvm.target.Target) -> bool:
-    mcpu = str(target.attrs.get("mcpu", ""))
-    mattr = " ".join(str(a) for a in target.attrs.get("mattr", []) or [])
-    if "avx512" in mattr:
-        return True
-    return mcpu in ("skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client",
-                    "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5")
+    return _has("avx512f", target)
+
+
+def vector_bytes(target: tvm.target.Target) -> int:
+    if has_avx512(target):
+        return 64
+    return 32 if _has("avx", target) else 16
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,8 @@ class BlockInfo:
     reduce: tuple[int, ...]
     dtype_bits: int
     period: int = 0  # an anchor reading an operand packed in panels of this many columns
+    uniform: bool = False  # every read is one element at the block's own index: merging its
+    # axes into one keeps every load contiguous (no div/mod of a broadcast index)
 
     @property
     def size(self) -> int:
@@ -54,6 +71,17 @@ class BlockInfo:
 
     def lanes(self, machine: Machine) -> int:
         return max(1, machine.vector_bytes * 8 // self.dtype_bits)
+
+
+def _uniform(block, ivars) -> bool:
+    own = [iv.var for iv in ivars]
+    for region in block.reads:
+        ranges = list(region.region)
+        if len(ranges) != len(own) or not all(
+                r.min.same_as(v) and isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1
+                for r, v in zip(ranges, own)):
+            return False
+    return True
 
 
 def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
@@ -65,7 +93,7 @@ def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
         reduce = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == REDUCE)
         bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
         kind, period = _kind(block)
-        out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period))
+        out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period, _uniform(block, ivars)))
     return out
 
 

@@ -7,7 +7,12 @@ import tvm
 
 
 def host_target(cores: int | None = None) -> tvm.target.Target:
-    """LLVM for the host CPU (its exact mcpu, so AVX-512 is used where present).
+    """LLVM for the host CPU (its exact mcpu, so AVX-512 is used where present)."""
+    return cpu_target(tvm.target.codegen.llvm_get_system_cpu(), cores)
+
+
+def cpu_target(mcpu: str, cores: int | None = None) -> tvm.target.Target:
+    """LLVM for an x86-64 CPU by its LLVM name (``znver3``, ``skylake-avx512``, ``x86-64``).
 
     On AVX-512 CPUs LLVM still prefers 256-bit vectors unless told otherwise; our kernels
     are written for full-width vectors (a vectorized exp ran 2.0x faster with them), so the
@@ -16,7 +21,6 @@ def host_target(cores: int | None = None) -> tvm.target.Target:
     from schedules.analysis import has_avx512
 
     cores = cores or len(os.sched_getaffinity(0))
-    mcpu = tvm.target.codegen.llvm_get_system_cpu()
     config = {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
     if has_avx512(tvm.target.Target(config)):
         config["mattr"] = ["-prefer-256-bit"]
