@@ -151,7 +151,8 @@ def substitute(expr: relax.Expr, vmap: dict) -> relax.Expr:
 
 def _condensed_order(graph: DataflowGraph, groups: list[Group]):
     """Groups and ungrouped nodes in a topological order, as close to program order as
-    possible. A node inside groups only (recomputed, never read outside) is not emitted."""
+    possible. A node inside groups only (recomputed, never read outside) is not emitted; one
+    that something outside its groups reads is emitted on its own as well."""
     owner = {}  # node -> the item whose emission binds the node's variable
     for g in groups:
         for n in g.outputs:
@@ -169,10 +170,13 @@ def _condensed_order(graph: DataflowGraph, groups: list[Group]):
             i = graph.index_of.get(v)
             if i is None:
                 continue
-            if i not in owner:
-                raise RuntimeError(f"{graph[i].name} is read outside its group but is no group's output")
+            if i not in owner:  # recomputed inside groups, and read outside them too (a view
+                owner[i] = ("n", i)  # that is also a graph output): it is emitted on its own
+                alone.append(i)
             out.add(owner[i])
         return out
+
+    alone = [n.index for n in graph if n.index not in grouped]
 
     deps: dict = {}
     first: dict = {}
@@ -180,11 +184,13 @@ def _condensed_order(graph: DataflowGraph, groups: list[Group]):
         key = ("g", g.gid)
         deps[key] = needs(group_inputs(graph, g)) - {key}
         first[key] = min(g.outputs) if g.outputs else min(g.nodes)
-    for n in graph:
-        if n.index not in grouped:
-            key = ("n", n.index)
-            deps[key] = needs(relax.analysis.free_vars(n.value)) - {key}
-            first[key] = n.index
+    done = 0
+    while done < len(alone):
+        n = graph[alone[done]]
+        done += 1
+        key = ("n", n.index)
+        deps[key] = needs(relax.analysis.free_vars(n.value)) - {key}
+        first[key] = n.index
     users: dict = {k: [] for k in deps}
     for k, ds in deps.items():
         for d in ds:

@@ -496,7 +496,8 @@ def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
 
     Common subexpressions are computed once: a node with several parents in the DAG is
     bound to a variable by a ``Let`` around the expression. Nodes under a guarded select
-    stay in place, as they may only run when the guard holds. The vectorizable forms bind
+    stay in place, as they may only run when the guard holds, and so do the nodes of a load's
+    index (a gather), from which TVM derives the block's read region. The vectorizable forms bind
     the values they read many times the same way, locally. A reduction's body holds no
     ``Let`` (LLVM's CSE does the work there): schedules copy reduction bodies (``rfactor``),
     and a copied ``Let`` would define its variable twice.
@@ -521,6 +522,9 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         if isinstance(node, Select) and node.guarded:
             for branch in (node.true_value, node.false_value):
                 guarded.update(id(n) for n in walk(branch))
+        if isinstance(node, Load):  # an index stays in place: a block's read region is computed
+            for index in node.children():  # from its loads' indices, outside any Let
+                guarded.update(id(n) for n in walk(index))
     shared = {key for key, count in parents.items() if count > 1 and key not in guarded}
     memo: dict[int, PrimExpr] = {}
     lets: list[tuple] = []
