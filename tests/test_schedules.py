@@ -366,3 +366,21 @@ def test_parallel_anchor_with_uneven_block_split_is_race_free(m, k, n):
     y = np.random.default_rng(1).standard_normal((k, n)).astype("float32")
     for _ in range(10):  # a race between the cores would show up as a wrong tile now and then
         np.testing.assert_allclose(compiled(x, y), x @ y, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("vector_bytes", [64, 32, 16])
+def test_a_last_axis_without_a_full_vector_merges_when_every_read_is_at_the_block_index(vector_bytes):
+    machine = Machine(cores=2, vector_bytes=vector_bytes)
+    lanes = vector_bytes // 4
+    shape = (3, 4, lanes + lanes // 2)  # 1.5 vectors a row; 18 vectors in all
+    uniform = schedule_kernel(_pointwise(shape), machine)
+    assert [p.partition("@")[0] for p, _ in uniform.choices] == ["merge_all"]
+    assert uniform.choices[0][1]["vector"] % lanes == 0  # whole vectors, none of 4 lanes
+    A = te.placeholder(shape, "float32", name="A")
+    b = te.placeholder(shape[-1:], "float32", name="b")
+    bias = te.create_prim_func([A, b, te.compute(shape, lambda i, j, k: A[i, j, k] + b[k], name="B")])
+    # a broadcast read: merged axes would need a div/mod of the index in every load of b
+    assert [p.partition("@")[0] for p, _ in schedule_kernel(bias, machine).choices] == ["keep_2d"]
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    (got,) = _run(uniform.func, [x], [shape])
+    np.testing.assert_allclose(got, np.exp(x) * 2.0, rtol=2e-6)
