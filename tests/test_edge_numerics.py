@@ -103,3 +103,37 @@ def test_dividing_by_zeros_like_compiles_under_tvm_fusion_without_killing_the_pr
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "[[-inf, nan, inf]]"
+
+
+# ---- NaN, infinities and signs as PyTorch has them
+_SPECIAL_X = [math.nan, -1.0, 2.0, -math.inf, 5.5, -5.5, math.inf, 0.0]
+_SPECIAL_Y = [1.0, math.nan, 0.5, 1.0, -2.0, 2.0, math.nan, -0.0]
+_ELEMENTWISE = {
+    "relu": lambda a, b: torch.relu(a),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "clamp": lambda a, b: torch.clamp(a, -1.0, 1.0),
+    "fmod": torch.fmod,
+    "pow_half": lambda a, b: torch.pow(a, 0.5),
+    "log": lambda a, b: torch.log(a),
+}
+
+
+class _Binary(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, a, b):
+        return self.fn(a, b)
+
+
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
+@pytest.mark.parametrize("op", sorted(_ELEMENTWISE))
+def test_nan_inf_and_sign_agree_with_pytorch(op, fusion):
+    # relu, maximum, minimum and clamp turned NaN into a number; pow(-inf, 0.5) gave inf and
+    # the fast log(-inf) -inf (both NaN in PyTorch); fmod took the divisor's sign
+    a, b = torch.tensor(_SPECIAL_X), torch.tensor(_SPECIAL_Y)
+    module = _Binary(_ELEMENTWISE[op])
+    got = tvm_ext.compile(module, (a, b), fusion=fusion, strict=True)(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(got, module(a, b).numpy())

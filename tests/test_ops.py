@@ -130,7 +130,7 @@ binary("relax.multiply", np.multiply)
 binary("relax.divide", np.divide, divisor_pair)
 binary("relax.floor_divide", lambda a, b: np.floor(a / b), divisor_pair)
 binary("relax.floor_mod", np_floor_mod, divisor_pair, tol=dict(rtol=1e-5, atol=1e-5))
-binary("relax.mod", np_floor_mod, divisor_pair, tol=dict(rtol=1e-5, atol=1e-5))
+binary("relax.mod", np.fmod, divisor_pair, tol=dict(rtol=1e-5, atol=1e-5))  # C-style, as TVM legalizes it
 binary("relax.power", np.power, positive(), tol=TRANS)
 binary("relax.maximum", np.maximum, tol=EXACT)
 binary("relax.minimum", np.minimum, tol=EXACT)

@@ -134,7 +134,7 @@ def log(x: PrimExpr, let: bool = False) -> PrimExpr:
     out = f + y + e * _f(_C1)
     out = tirx.Select(x == _f(0.0), _f(float("-inf")), out)
     out = tirx.Select(x < _f(0.0), _f(float("nan")), out)
-    out = tirx.Select(tirx.isinf(x), x, out)
+    out = tirx.Select(x == _f(float("inf")), x, out)  # -inf is negative: NaN, as above
     return lets.wrap(tirx.Select(tirx.isnan(x), x, out))
 
 

@@ -385,6 +385,38 @@ def _floor_mod(a, b):
     return tirx.floormod(a, b)
 
 
+def _trunc_mod(a, b):
+    """The remainder with the dividend's sign; for floats libm's fmod, which is exact (a - trunc(a
+    / b) * b rounds the quotient), one scalar call a lane."""
+    dtype = dtype_of(a)
+    if not is_float(dtype):
+        return tirx.truncmod(a, b)
+    return tirx.call_pure_extern(dtype, {"float32": "fmodf", "float64": "fmod"}[dtype], a, b)
+
+
+def _maximum(a, b):
+    """max that returns NaN when either operand is NaN, as PyTorch does (a compare-select, or
+    x86's maxps, returns the other operand for one of them)."""
+    if not is_float(dtype_of(a)):
+        return tirx.Max(a, b)
+    return tirx.Select(tirx.isnan(a), a, tirx.Select(a > b, a, b))  # b NaN: a > b fails: b
+
+
+def _minimum(a, b):
+    if not is_float(dtype_of(a)):
+        return tirx.Min(a, b)
+    return tirx.Select(tirx.isnan(a), a, tirx.Select(a < b, a, b))
+
+
+def _power(a, b):
+    """pow; a negative float base with a non-integer exponent is NaN, -inf included (libm's
+    powf(-inf, 0.5) is +inf, PyTorch's NaN)."""
+    if not is_float(dtype_of(a)):
+        return te.power(a, b)
+    zero = tirx.const(0, dtype_of(a))
+    return tirx.Select(tirx.And(a < zero, te.floor(b) != b), tirx.const(float("nan"), dtype_of(a)), te.power(a, b))
+
+
 def _sign(a):
     zero, one = tirx.const(0, dtype_of(a)), tirx.const(1, dtype_of(a))
     return tirx.Select(a > zero, one, tirx.Select(a < zero, -one, zero))
@@ -401,9 +433,10 @@ _SCALAR_OP_LIST = [
     ScalarOp("divide", 2, _divide, te_fast=fast_math.divide),
     ScalarOp("floor_divide", 2, _floor_divide),
     ScalarOp("floor_mod", 2, _floor_mod),
-    ScalarOp("power", 2, te.power),
-    ScalarOp("maximum", 2, tirx.Max),
-    ScalarOp("minimum", 2, tirx.Min),
+    ScalarOp("trunc_mod", 2, _trunc_mod),
+    ScalarOp("power", 2, _power),
+    ScalarOp("maximum", 2, _maximum),
+    ScalarOp("minimum", 2, _minimum),
     ScalarOp("equal", 2, tirx.EQ, boolean=True),
     ScalarOp("not_equal", 2, tirx.NE, boolean=True),
     ScalarOp("less", 2, tirx.LT, boolean=True),
@@ -573,7 +606,7 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
         axes = list(node.axes)
         if node.kind == "sum":
             return te.sum(body, axis=axes)
-        if node.kind == "max":
+        if node.kind == "max":  # drops NaN (PyTorch keeps it): rfactor takes only TVM's reducers
             return te.max(body, axis=axes)
         if node.kind == "min":
             return te.min(body, axis=axes)

@@ -120,8 +120,8 @@ for _name in ("add", "subtract", "multiply", "divide", "floor_divide", "floor_mo
               "bitwise_or", "bitwise_xor"):
     binary(f"relax.{_name}", getattr(L, _name), doc=f"Binary {_name}, numpy broadcasting.",
            gradient=BINARY_GRADIENTS.get(_name))
-register_op("relax.mod", elemwise_or_broadcast, _pointwise_lowering(L.floor_mod),
-            doc="Python-style modulo (sign of the divisor).", inplace=IN_PLACE_BINARY)
+register_op("relax.mod", elemwise_or_broadcast, _pointwise_lowering(L.trunc_mod),
+            doc="C-style remainder, torch.fmod's (sign of the dividend).", inplace=IN_PLACE_BINARY)
 
 for _name in ("negative", "abs", "sign", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
               "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "tan",
