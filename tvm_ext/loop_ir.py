@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Union
 
 import tvm
+import tvm_ffi
 from tvm import te, tirx
 
 from tvm_ext import fast_math
@@ -373,12 +374,39 @@ def dtype_of(expr) -> str:
     return str(ty) if ty is not None else str(expr.dtype)
 
 
+def _binds_lets(fn: Callable[..., PrimExpr]) -> Callable[..., PrimExpr]:
+    """``fn`` with every argument that holds a ``Let`` (a fast-math form's) bound to a variable
+    first: ``fn`` reads its arguments more than once, and a copied ``Let`` defines its
+    variable twice. Reduction bodies hold no ``Let``, so nothing is bound there."""
+    def bound(*args):
+        lets = []
+        for i, a in enumerate(args):
+            if _holds_let(a):
+                var = tirx.Var(f"arg{i}", dtype_of(a))
+                lets.append((var, a))
+                args = args[:i] + (var,) + args[i + 1:]
+        out = fn(*args)
+        for var, value in reversed(lets):
+            out = tirx.Let(var, value, out)
+        return out
+    return bound
+
+
+def _holds_let(expr: PrimExpr) -> bool:
+    if isinstance(expr, (tirx.Var, tirx.IntImm, tirx.FloatImm)):
+        return False
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Let, lambda e: found.append(e)))
+    return bool(found)
+
+
 def _floor_divide(a, b):
     if is_float(dtype_of(a)):
         return te.floor(a / b)
     return tirx.floordiv(a, b)
 
 
+@_binds_lets
 def _floor_mod(a, b):
     if is_float(dtype_of(a)):
         return a - te.floor(a / b) * b
@@ -394,6 +422,7 @@ def _trunc_mod(a, b):
     return tirx.call_pure_extern(dtype, {"float32": "fmodf", "float64": "fmod"}[dtype], a, b)
 
 
+@_binds_lets
 def _maximum(a, b):
     """max that returns NaN when either operand is NaN, as PyTorch does (a compare-select, or
     x86's maxps, returns the other operand for one of them)."""
@@ -402,12 +431,14 @@ def _maximum(a, b):
     return tirx.Select(tirx.isnan(a), a, tirx.Select(a > b, a, b))  # b NaN: a > b fails: b
 
 
+@_binds_lets
 def _minimum(a, b):
     if not is_float(dtype_of(a)):
         return tirx.Min(a, b)
     return tirx.Select(tirx.isnan(a), a, tirx.Select(a < b, a, b))
 
 
+@_binds_lets
 def _power(a, b):
     """pow; a negative float base with a non-integer exponent is NaN, -inf included (libm's
     powf(-inf, 0.5) is +inf, PyTorch's NaN)."""
@@ -417,6 +448,7 @@ def _power(a, b):
     return tirx.Select(tirx.And(a < zero, te.floor(b) != b), tirx.const(float("nan"), dtype_of(a)), te.power(a, b))
 
 
+@_binds_lets
 def _sign(a):
     zero, one = tirx.const(0, dtype_of(a)), tirx.const(1, dtype_of(a))
     return tirx.Select(a > zero, one, tirx.Select(a < zero, -one, zero))
@@ -446,7 +478,8 @@ _SCALAR_OP_LIST = [
     ScalarOp("logical_and", 2, tirx.And, boolean=True),
     ScalarOp("logical_or", 2, tirx.Or, boolean=True),
     # NE on two i1 values makes LLVM's codegen emit a float compare; spell xor out.
-    ScalarOp("logical_xor", 2, lambda a, b: tirx.And(tirx.Or(a, b), tirx.Not(tirx.And(a, b))), boolean=True),
+    ScalarOp("logical_xor", 2, _binds_lets(lambda a, b: tirx.And(tirx.Or(a, b), tirx.Not(tirx.And(a, b)))),
+             boolean=True),
     ScalarOp("logical_not", 1, tirx.Not, boolean=True),
     ScalarOp("bitwise_and", 2, tirx.bitwise_and),
     ScalarOp("bitwise_or", 2, tirx.bitwise_or),
