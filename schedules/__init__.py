@@ -24,6 +24,15 @@ from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OPS
 
 
+def static_shapes(func: tirx.PrimFunc) -> bool:
+    """Whether every parameter of ``func`` is a buffer of constant shape."""
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape):
+            return False
+    return True
+
+
 @tvm.ir.transform.module_pass(opt_level=0, name="ScheduleKernels")
 class ScheduleKernels:
     """Give every PrimFunc that FuseCompile generated the heuristic's ScheduleResult.
@@ -45,6 +54,8 @@ class ScheduleKernels:
             if not isinstance(func, tirx.PrimFunc):
                 continue
             ours = func.attrs is not None and attrs.KERNEL in func.attrs
+            if not ours and not static_shapes(func):
+                continue  # a TVM kernel over symbolic dims: our policies need static extents
             if ours or self.all_kernels:
                 if not ours:
                     func = inline_intermediates(func)

@@ -245,3 +245,27 @@ def test_symbolic_dims_shared_by_inputs_must_agree(rng):
     np.testing.assert_allclose(compiled(a, b), a + b, rtol=1e-6)
     with pytest.raises(tvm_ext.InputError, match="dim 'n' is 5 here but 3"):
         compiled(a, rng.standard_normal((5, 4)).astype("float32"))
+
+
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none", "tvm"])
+def test_a_torch_export_dim_runs_at_any_size_in_its_range_and_rejects_others(fusion, tmp_path):
+    # under fusion="tvm" our schedules met TVM's kernels over the symbolic dim (a raw TypeError);
+    # a size outside Dim(min=1, max=64), 0 here, ran instead of raising
+    from torch.export import Dim, export
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x * 2 + 1, -1)
+
+    program = export(Model(), (torch.randn(4, 16),), dynamic_shapes={"x": {0: Dim("batch", min=1, max=64)}})
+    compiled = tvm_ext.compile(program, fusion=fusion)
+    for batch in (1, 7, 64):
+        x = torch.randn(batch, 16)
+        np.testing.assert_allclose(compiled(x.numpy()), Model()(x).numpy(), rtol=1e-5, atol=1e-6)
+    for batch in (0, 65):
+        with pytest.raises(tvm_ext.InputError, match=rf"is {batch}, outside the range \[1, 64\]"):
+            compiled(np.zeros((batch, 16), np.float32))
+    if fusion == "autofuse":  # the range survives export and load
+        compiled.export(str(tmp_path / "m.so"))
+        with pytest.raises(tvm_ext.InputError, match="outside the range"):
+            tvm_ext.CompiledModel.load(str(tmp_path / "m.so"))(np.zeros((0, 16), np.float32))

@@ -149,3 +149,38 @@ def test_builtin_transformer_block_matches_numpy():
     model = transformer_block(batch=2, seq=16, dim=64, heads=4, ffn=128)
     compiled = tvm_ext.compile(model.mod, strict=True)
     np.testing.assert_allclose(compiled(*model.inputs), model.reference(*model.inputs), rtol=1e-4, atol=1e-4)
+
+
+class _Extremes(nn.Module):
+    """amax / amin, which TVM's importer lacks (our converters in tvm_ext.frontends)."""
+
+    def forward(self, x):
+        return torch.amax(x, 1), torch.amin(x, (0, 2), keepdim=True), torch.amax(x), torch.amin(x, -1)
+
+
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
+def test_amax_and_amin_import_and_match_pytorch(fusion):
+    x = torch.randn(3, 4, 5)
+    x[1, 2, 3] = -torch.inf
+    module = _Extremes()
+    got = tvm_ext.compile(module, (x,), fusion=fusion, strict=True)(x.numpy())
+    want = module(x)
+    assert [g.shape for g in got] == [tuple(w.shape) for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w.numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_linear_imports_computes_and_returns_its_dtype(dtype):
+    # TVM's converter made the product float32, to which the half bias could not be added; a
+    # bfloat16 output then failed in the pooled numpy buffers, which DLPack cannot export
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 4)).to(dtype)
+    x = torch.randn(5, 16, dtype=dtype)
+    compiled = tvm_ext.compile(module, (x,))
+    got = compiled(x)
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype
+    np.testing.assert_allclose(got.float().numpy(), module(x).float().detach().numpy(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(tvm_ext.InputError, match=rf"must be {str(dtype)[6:]}, got float32; convert it with "
+                                                 rf"\.to\(torch\.{str(dtype)[6:]}\)"):
+        compiled(x.float())

@@ -79,6 +79,18 @@ def signature_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
     return specs
 
 
+def dim_bounds_of(mod: tvm.IRModule, entry: str = "main") -> dict[str, tuple]:
+    """The range of each symbolic dim of ``entry`` that its importer recorded (torch.export's
+    ``Dim(min=, max=)``): {dim: (lowest, highest)}, None for an open end."""
+    attrs = mod[entry].attrs or {}
+    lows = attrs["tir_var_lower_bound"] if "tir_var_lower_bound" in attrs else {}
+    highs = attrs["tir_var_upper_bound"] if "tir_var_upper_bound" in attrs else {}
+    names = {str(k) for k in lows} | {str(k) for k in highs}
+    low = {str(k): int(v) for k, v in lows.items()}
+    high = {str(k): int(v) for k, v in highs.items()}
+    return {n: (low.get(n), high.get(n)) for n in sorted(names)}
+
+
 class CompiledModel:
     """A model compiled for the Relax VM. Call it like a function on numpy arrays.
 
@@ -94,8 +106,9 @@ class CompiledModel:
 
     def __init__(self, executable: tvm.runtime.Executable, inputs: Sequence[TensorSpec],
                  report: FusionReport, target: str = "", entry: PlannedEntry | None = None,
-                 outputs: Sequence[TensorSpec] = ()):
+                 outputs: Sequence[TensorSpec] = (), dim_bounds: dict[str, tuple] | None = None):
         self.executable = executable
+        self.dim_bounds = {d: tuple(b) for d, b in (dim_bounds or {}).items()}
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.target = target
@@ -261,9 +274,13 @@ class CompiledModel:
                 if isinstance(d, str) and dims.setdefault(d, s) != s:
                     raise InputError(f"{where}: dim '{d}' is {s} here but {dims[d]} in an earlier input; "
                                      f"inputs that share a dim must agree on its size")
+                low, high = self.dim_bounds.get(d, (None, None)) if isinstance(d, str) else (None, None)
+                if (low is not None and s < low) or (high is not None and s > high):
+                    raise InputError(f"{where}: dim '{d}' is {s}, outside the range [{low}, {high}] the model "
+                                     f"was exported for (torch.export's Dim(min=, max=)); export it with a wider range")
         if dtype != spec.dtype:
-            raise InputError(f"{where} must be {spec.dtype}, got {dtype}; "
-                             f"convert it with .astype('{spec.dtype}')")
+            fix = f".to(torch.{spec.dtype})" if kind == "torch" else f".astype('{spec.dtype}')"
+            raise InputError(f"{where} must be {spec.dtype}, got {dtype}; convert it with {fix}")
         if kind == "tvm":
             return arg, kind
         if not math.prod(shape):  # no data: DLPack's strides of an empty array are not TVM's compact ones
@@ -329,7 +346,8 @@ class CompiledModel:
         self.executable.export_library(path)
         meta = {"inputs": [asdict(s) for s in self.inputs], "outputs": [asdict(s) for s in self.outputs],
                 "report": self._report.to_dict(), "target": self.target,
-                "entry": self.entry.to_dict() if self.entry is not None else None}
+                "entry": self.entry.to_dict() if self.entry is not None else None,
+                "dim_bounds": {d: list(b) for d, b in self.dim_bounds.items()}}
         meta["checksum"] = _checksum(path, meta)
         with open(path + ".json", "w") as f:
             json.dump(meta, f, indent=1)
@@ -361,7 +379,7 @@ class CompiledModel:
         outputs = [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta.get("outputs", [])]
         entry = PlannedEntry.from_dict(meta["entry"]) if meta.get("entry") else None
         return cls(executable, inputs, FusionReport.from_dict(meta["report"]), meta.get("target", ""),
-                   entry=entry, outputs=outputs)
+                   entry=entry, outputs=outputs, dim_bounds=meta.get("dim_bounds"))
 
 
 def _checksum(library: str, meta: dict) -> str:
@@ -389,10 +407,13 @@ def outputs_of(mod: tvm.IRModule, entry: str = "main") -> list[TensorSpec]:
 
 
 def _numpy_dtypes(entry: PlannedEntry) -> bool:
+    """Whether every destination can be a pooled numpy array that DLPack exports."""
     try:
-        return all(np.dtype(d) is not None for _, d in entry.outputs)
-    except TypeError:  # bfloat16 and the like: the VM allocates those outputs itself
-        return False
+        for _, dtype in entry.outputs:
+            np.empty(1, np.dtype(dtype)).__dlpack__()
+    except (TypeError, BufferError):  # bfloat16 (unknown, or ml_dtypes' that DLPack refuses):
+        return False  # the VM allocates those outputs itself
+    return True
 
 
 def _is_array(value: Any) -> bool:

@@ -47,9 +47,60 @@ def from_exported(exported: Any, keep_params_as_input: bool = False, name: str =
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return from_exported_program(exported, keep_params_as_input=keep_params_as_input)
+            return from_exported_program(exported, keep_params_as_input=keep_params_as_input,
+                                         custom_convert_map=TORCH_CONVERTERS)
     except Exception as err:
         raise FrontendError(f"TVM's PyTorch importer failed on {name}: {_first_line(err)}") from err
+
+
+def _extreme(op):
+    """A converter for ``aten.amax`` / ``aten.amin`` (x, dim=(), keepdim=False), which TVM's
+    importer lacks: a max / min reduction over ``dim`` (all dims when empty)."""
+    def convert(node, importer):
+        from tvm import relax
+
+        args = importer.retrieve_args(node)
+        dim = args[1] if len(args) > 1 else node.kwargs.get("dim", ())
+        keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
+        axes = None if dim in ((), [], None) else [int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
+        return importer.block_builder.emit(op(args[0], axes, keepdims=bool(keepdim)))
+    return convert
+
+
+def _linear(node, importer):
+    """``aten.linear`` in its input's dtype (TVM's converter makes every product float32, which
+    a float16 or bfloat16 bias then cannot be added to)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x, weight = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    return importer.block_builder.emit(relax.op.linear(x, weight, bias, str(x.ty.dtype)))
+
+
+def _addmm(node, importer):
+    """``aten.addmm``: beta * bias + alpha * (a @ b), in the operands' dtype (see ``_linear``)."""
+    from tvm import relax
+
+    bias, a, b = (importer.env[n] for n in node.args[:3])
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    emit, dtype = importer.block_builder.emit, str(a.ty.dtype)
+    out = emit(relax.op.matmul(a, b, out_dtype=dtype)) if alpha != 0 else None
+    if out is not None and alpha != 1:
+        out = emit(relax.op.multiply(out, relax.const(alpha, dtype)))
+    if beta == 0:
+        return out
+    scaled = bias if beta == 1 else emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
+    return scaled if out is None else emit(relax.op.add(scaled, out))
+
+
+def _torch_converters() -> dict:
+    from tvm import relax
+    return {"amax.default": _extreme(relax.op.max), "amin.default": _extreme(relax.op.min),
+            "linear.default": _linear, "addmm.default": _addmm}
+
+
+TORCH_CONVERTERS = _torch_converters()  # ours, for the aten ops TVM's importer does not convert
 
 
 def from_onnx(model: Any, shape_dict: dict[str, Sequence[int]] | None = None) -> tvm.IRModule:

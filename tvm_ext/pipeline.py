@@ -22,7 +22,7 @@ from relay_passes.strategies import PARTITIONERS
 from schedules import Machine, ScheduleKernels
 from schedules.history import ApplyHistoryBest
 from tvm_ext.build_pipeline import TIR_PIPELINE, relax_pipeline
-from tvm_ext.compiled_model import CompiledModel, outputs_of, signature_of
+from tvm_ext.compiled_model import CompiledModel, dim_bounds_of, outputs_of, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
 from tvm_ext.registry import OPS, OpRegistry
@@ -126,7 +126,7 @@ class Pipeline:
             raise CompileError(f"TVM failed to build the lowered module: {_last_line(err)}") from err
         report.memory = plan.reports.get("main")
         return CompiledModel(executable, signature_of(source), report, str(self.target), entry=plan.entry,
-                             outputs=outputs_of(source))
+                             outputs=outputs_of(source), dim_bounds=dim_bounds_of(source))
 
     def run(self, model: Any, example_inputs: Sequence[Any] | None = None,
             shape_dict: dict | None = None) -> CompiledModel:
