@@ -137,3 +137,37 @@ def test_nan_inf_and_sign_agree_with_pytorch(op, fusion):
     module = _Binary(_ELEMENTWISE[op])
     got = tvm_ext.compile(module, (a, b), fusion=fusion, strict=True)(a.numpy(), b.numpy())
     np.testing.assert_array_equal(got, module(a, b).numpy())
+
+
+# ---- long sums accumulate in blocks (tvm_ext.lowering.SUM_BLOCK elements a partial)
+def _sum_model(shape, axes=None, keepdims=False, op="sum"):
+    return tvm_ext.compile(build_module(lambda x: getattr(R, op)(x, axis=axes, keepdims=keepdims),
+                                        [(shape, "float32")], ["x"]), strict=True)
+
+
+def test_a_sum_of_2_26_ones_is_exact():
+    # one float32 accumulator stalls at 2^24: this sum was 2^25 (two of them, one a core)
+    assert float(_sum_model((1 << 26,))(np.ones(1 << 26, np.float32))) == float(1 << 26)
+
+
+@pytest.mark.parametrize("shape,axes,keepdims", [
+    ((1 << 24,), None, False),
+    ((4096, 4099), None, True),  # over two axes, the last not a multiple of the block
+    ((70001, 3), [0], False),  # a long leading axis with a kept one after it
+    ((3, 70000, 2), [1], True),
+])
+def test_long_sums_and_means_stay_within_ten_ulps(shape, axes, keepdims):
+    x = np.random.default_rng(0).random(shape, dtype=np.float32)
+    exact = x.astype(np.float64).sum(axis=None if axes is None else tuple(axes), keepdims=keepdims)
+    got = _sum_model(shape, axes, keepdims)(x)
+    assert got.shape == exact.shape
+    np.testing.assert_allclose(got, exact, rtol=1e-6)  # measured up to 7e-7; PyTorch: 3e-8 to 7e-8
+    mean = _sum_model(shape, axes, keepdims, "mean")(x)
+    np.testing.assert_allclose(mean, exact / (x.size / exact.size), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_sum_over_a_gibibyte_stays_within_a_few_ulps():
+    x = np.random.default_rng(1).random(1 << 28, dtype=np.float32)  # was 75% off
+    exact = x.astype(np.float64).sum()
+    assert abs(float(_sum_model((1 << 28,))(x)) - exact) / exact < 3e-7
