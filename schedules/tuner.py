@@ -37,7 +37,7 @@ class Measurer(Protocol):
 
 @dataclass
 class TuneOptions:
-    trials: int = 64  # total over all tasks, heuristic candidates included
+    trials: int = 64  # distinct candidates over all tasks, heuristics and earlier runs' included
     batch: int = 8
     explore: float = 0.25  # share of each batch picked at random
     local: float = 0.25  # share of each batch taken from the nearest neighbours of the best so far
@@ -107,6 +107,9 @@ class Tuner:
     def tune(self) -> TuneSummary:
         t0 = time.perf_counter()
         outcomes = [TaskOutcome(t) for t in self.tasks]
+        # the budget counts what the database already holds for these tasks: a rerun tops up
+        # to ``trials`` (as MetaSchedule's max_trials_global) instead of measuring that many more
+        self._spent = sum(len(self._measured(t)) for t in self.tasks)
         self._warm_start()
         heuristics = {}
         for o in outcomes:  # the baseline first: every task's heuristic candidate

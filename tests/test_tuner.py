@@ -231,3 +231,17 @@ def test_a_record_that_no_longer_applies_warns_and_keeps_the_heuristic(tasks, tm
         compiled = tvm_ext.compile(_model(), tuning_db=db)
     x = np.random.default_rng(2).standard_normal((6, 40)).astype("float32")
     np.testing.assert_allclose(compiled(x), _reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_trials_count_what_the_database_holds_so_a_rerun_tops_up(tasks, tmp_path):
+    path = tmp_path / "db.jsonl"
+    keys = lambda: {(r.task, r.key) for r in TuningDatabase(path).records()}  # noqa: E731
+    quiet = dict(progress=lambda s: None)
+    Tuner(tasks, TuningDatabase(path), FakeMeasure(), TuneOptions(trials=16, batch=4, verify=False), **quiet).tune()
+    assert len(keys()) == 16
+    again = FakeMeasure()
+    Tuner(tasks, TuningDatabase(path), again, TuneOptions(trials=16, batch=4, verify=False), **quiet).tune()
+    assert again.seen == [] and len(keys()) == 16  # the same budget: nothing new to measure
+    more = FakeMeasure()
+    Tuner(tasks, TuningDatabase(path), more, TuneOptions(trials=24, batch=4, verify=False), **quiet).tune()
+    assert len(keys()) == 24 and len(more.seen) == 8  # topped up to 24

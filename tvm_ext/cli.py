@@ -36,7 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="print the memory plan: planned, naive, TVM's StaticPlanBlockMemory, lower bound")
     comp.add_argument("--benchmark", action="store_true", help="time the compiled model on random inputs")
     comp.add_argument("-o", "--output", help="export the compiled library to this .so path")
-    tune.add_argument("--trials", type=int, default=64, help="measurements in all, over every kernel")
+    tune.add_argument("--trials", type=int, default=64,
+                      help="candidates measured in all over every kernel, counting those the database already "
+                           "holds for this model: a rerun tops up to N (as MetaSchedule's max_trials_global)")
     tune.add_argument("--db", required=True, help="tuning database (JSON Lines); a rerun continues it")
     tune.add_argument("--batch", type=int, default=8, help="candidates measured between model updates")
     tune.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on the servers of an RPC tracker")

@@ -56,10 +56,12 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
          trials: int = 64, target: Any = None, fusion: Any = "autofuse", shape_dict: dict | None = None,
          options: TuneOptions | None = None, runner: Runner | None = None, builder: LocalBuilder | None = None,
          progress: Callable[[str], None] | None = None) -> TuneSummary:
-    """Tune every kernel of ``model`` with ``trials`` measurements in all, recording them in ``db``.
+    """Tune every kernel of ``model`` until ``db`` holds ``trials`` measured candidates for
+    them in all, recording each measurement there.
 
     A rerun with the same database continues: candidates already measured are not measured
-    again. ``runner`` defaults to this machine (``schedules.measure.LocalRunner``); pass an
+    again, and they count against ``trials`` (a rerun with the same ``trials`` measures
+    nothing new; raise it to measure more). ``runner`` defaults to this machine (``schedules.measure.LocalRunner``); pass an
     ``RPCRunner`` to measure on the machines of an RPC tracker.
     """
     database = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
