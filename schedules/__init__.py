@@ -18,19 +18,11 @@ from schedules.analysis import Machine, block_infos
 from schedules.axes import AxisRuleError, AxisType, ImplGraph
 from schedules.builder import ScheduleBuilder, ScheduleGroup, ScheduleResult
 from schedules.heuristic import inline_intermediates, schedule_kernel
+from schedules.measure import arg_specs
 from schedules.policies import POLICIES
 from tvm_ext import attrs
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OPS
-
-
-def static_shapes(func: tirx.PrimFunc) -> bool:
-    """Whether every parameter of ``func`` is a buffer of constant shape."""
-    for param in func.params:
-        shape = getattr(param.ty, "shape", None)
-        if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape):
-            return False
-    return True
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="ScheduleKernels")
@@ -54,7 +46,7 @@ class ScheduleKernels:
             if not isinstance(func, tirx.PrimFunc):
                 continue
             ours = func.attrs is not None and attrs.KERNEL in func.attrs
-            if not ours and not static_shapes(func):
+            if not ours and not _static(func):
                 continue  # a TVM kernel over symbolic dims: our policies need static extents
             if ours or self.all_kernels:
                 if not ours:
@@ -78,6 +70,15 @@ class ScheduleKernels:
             warnings.warn(f"the tuning record of kernel {name} does not apply ({err}); it keeps the heuristic's "
                           "schedule (tune it again to replace the record)", stacklevel=2)
             return None
+
+
+def _static(func: tirx.PrimFunc) -> bool:
+    """Whether every parameter is a buffer of constant shape (what ``arg_specs`` requires)."""
+    try:
+        arg_specs(func)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def master_is_anchor(func: tirx.PrimFunc) -> bool:

@@ -23,7 +23,9 @@ def _c(v: float) -> relax.Expr:
     return relax.const(v, "float32")
 
 
-# (name, arity, relax builder, numpy reference); every one is defined on all of R or NaN-safe
+_ERF = np.vectorize(math.erf)
+
+# (name, relax builder, numpy reference); every one is defined on all of R or NaN-safe
 UNARY = [
     ("tanh", lambda x: R.tanh(x), np.tanh),
     ("sigmoid", lambda x: R.sigmoid(x), lambda x: 1 / (1 + np.exp(-x))),
@@ -32,7 +34,7 @@ UNARY = [
     ("negative", lambda x: R.negative(x), np.negative),
     ("relu", lambda x: R.nn.relu(x), lambda x: np.where(np.isnan(x), x, np.maximum(x, 0))),
     ("log1p_abs", lambda x: R.log(R.add(R.abs(x), _c(1.0))), lambda x: np.log(np.abs(x) + 1)),
-    ("gelu", lambda x: R.nn.gelu(x), None),  # reference filled in below (erf)
+    ("gelu", lambda x: R.nn.gelu(x), lambda x: 0.5 * x * (1 + _ERF(x / math.sqrt(2)))),
     ("scale", lambda x: R.add(R.multiply(x, _c(0.5)), _c(-0.25)), lambda x: x * 0.5 - 0.25),
 ]
 BINARY = [
@@ -43,15 +45,6 @@ BINARY = [
     ("minimum", R.minimum, lambda a, b: np.where(np.isnan(a) | np.isnan(b), np.nan, np.minimum(a, b))),
     ("safe_divide", lambda a, b: R.divide(a, R.add(R.abs(b), _c(1.0))), lambda a, b: a / (np.abs(b) + 1)),
 ]
-_ERF = np.vectorize(math.erf)
-UNARY[[n for n, _, _ in UNARY].index("gelu")] = ("gelu", lambda x: R.nn.gelu(x),
-                                                  lambda x: 0.5 * x * (1 + _ERF(x / math.sqrt(2))))
-
-
-def _reduce_last(kind):
-    relax_op = {"sum": R.sum, "max": R.max, "mean": R.mean}[kind]
-    numpy_op = {"sum": np.sum, "max": np.max, "mean": np.mean}[kind]
-    return relax_op, lambda x: numpy_op(x, axis=-1, keepdims=True)
 
 
 def _softmax(x):
@@ -61,6 +54,31 @@ def _softmax(x):
 
 def _layer_norm(x):
     return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+
+
+def _relax_layer_norm(x):
+    n = int(x.ty.shape.values[-1])
+    ones, zeros = relax.const(np.ones(n, "float32")), relax.const(np.zeros(n, "float32"))
+    return R.nn.layer_norm(x, ones, zeros, axes=[-1])
+
+
+# the other steps by name: reductions over the last axis (kept), normalizations, views
+OTHER = {
+    "sum": (lambda x: R.sum(x, axis=[-1], keepdims=True), lambda x: x.sum(-1, keepdims=True)),
+    "max": (lambda x: R.max(x, axis=[-1], keepdims=True), lambda x: x.max(-1, keepdims=True)),
+    "mean": (lambda x: R.mean(x, axis=[-1], keepdims=True), lambda x: x.mean(-1, keepdims=True)),
+    "softmax": (lambda x: R.nn.softmax(x, axis=-1), _softmax),
+    "layer_norm": (_relax_layer_norm, _layer_norm),
+    "transpose": (R.permute_dims, np.transpose),
+    "flatten": (lambda x: R.reshape(x, [-1]), lambda x: x.reshape(-1)),
+}
+
+
+def _step(kind: str, op):
+    """(relax builder, numpy reference) of one step; each takes the step's operands."""
+    if kind in ("unary", "binary"):
+        return (UNARY if kind == "unary" else BINARY)[op][1:]
+    return OTHER[op]
 
 
 @st.composite
@@ -122,46 +140,14 @@ def _build(inputs, steps, outputs):
         with bb.dataflow():
             vals = list(params)
             for kind, op, args in steps:
-                xs = [vals[i] for i in args]
-                if kind == "unary":
-                    expr = UNARY[op][1](xs[0])
-                elif kind == "binary":
-                    expr = BINARY[op][1](*xs)
-                elif kind == "reduce":
-                    expr = _reduce_last(op)[0](xs[0], axis=[-1], keepdims=True)
-                elif kind == "norm":
-                    if op == "softmax":
-                        expr = R.nn.softmax(xs[0], axis=-1)
-                    else:
-                        n = int(xs[0].ty.shape.values[-1])
-                        ones = relax.const(np.ones(n, "float32"))
-                        zeros = relax.const(np.zeros(n, "float32"))
-                        expr = R.nn.layer_norm(xs[0], ones, zeros, axes=[-1])
-                elif op == "transpose":
-                    expr = R.permute_dims(xs[0])
-                else:
-                    expr = R.reshape(xs[0], [-1])
-                vals.append(bb.emit(expr))
+                vals.append(bb.emit(_step(kind, op)[0](*[vals[i] for i in args])))
             out = bb.emit_output(relax.Tuple([vals[i] for i in outputs]))
         bb.emit_func_output(out)
 
     def reference(*arrays):
         vals = [a.astype("float64") for a in arrays]
         for kind, op, args in steps:
-            xs = [vals[i] for i in args]
-            if kind == "unary":
-                v = UNARY[op][2](xs[0])
-            elif kind == "binary":
-                v = BINARY[op][2](*xs)
-            elif kind == "reduce":
-                v = _reduce_last(op)[1](xs[0])
-            elif kind == "norm":
-                v = _softmax(xs[0]) if op == "softmax" else _layer_norm(xs[0])
-            elif op == "transpose":
-                v = np.transpose(xs[0])
-            else:
-                v = xs[0].reshape(-1)
-            vals.append(v)
+            vals.append(_step(kind, op)[1](*[vals[i] for i in args]))
         return [vals[i] for i in outputs]
     return bb.get(), reference
 

@@ -83,12 +83,9 @@ def dim_bounds_of(mod: tvm.IRModule, entry: str = "main") -> dict[str, tuple]:
     """The range of each symbolic dim of ``entry`` that its importer recorded (torch.export's
     ``Dim(min=, max=)``): {dim: (lowest, highest)}, None for an open end."""
     attrs = mod[entry].attrs or {}
-    lows = attrs["tir_var_lower_bound"] if "tir_var_lower_bound" in attrs else {}
-    highs = attrs["tir_var_upper_bound"] if "tir_var_upper_bound" in attrs else {}
-    names = {str(k) for k in lows} | {str(k) for k in highs}
-    low = {str(k): int(v) for k, v in lows.items()}
-    high = {str(k): int(v) for k, v in highs.items()}
-    return {n: (low.get(n), high.get(n)) for n in sorted(names)}
+    low, high = ({str(k): int(v) for k, v in (attrs[key] if key in attrs else {}).items()}
+                 for key in ("tir_var_lower_bound", "tir_var_upper_bound"))
+    return {n: (low.get(n), high.get(n)) for n in sorted(low.keys() | high.keys())}
 
 
 class CompiledModel:

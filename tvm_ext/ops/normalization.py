@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tvm import relax, tirx
+from tvm import relax
 
 from tvm_ext import loop_ir as L
 from tvm_ext.gradient_rules import const, shape_of
@@ -116,11 +116,18 @@ def _layer_norm(node: OpNode) -> TensorValue:
     mu = mean(node, x, axes, True, cdt)
     var = variance(node, x, axes, True, cdt, m=mu)
     norm = pointwise(lambda v, m, s: (v - m) * L.rsqrt(s + eps), [x, mu, var], cdt, node.name + "_norm")
+    return _affine(node, norm, gamma, beta, axes)
+
+
+def _affine(node: OpNode, norm: TensorValue, gamma: TensorValue, beta: TensorValue,
+            axes: Sequence[int]) -> TensorValue:
+    """``norm * gamma + beta`` (each part as the node's scale / center ask), the parameters
+    laid along ``axes`` of ``norm``."""
     parts = [norm]
     if node.attr("scale", True):
-        parts.append(along(gamma, x.ndim, axes, x.shape))
+        parts.append(along(gamma, norm.ndim, axes, norm.shape))
     if node.attr("center", True):
-        parts.append(along(beta, x.ndim, axes, x.shape))
+        parts.append(along(beta, norm.ndim, axes, norm.shape))
 
     def affine(n, *gb):
         out = n
@@ -155,25 +162,13 @@ def _group_norm(node: OpNode) -> TensorValue:
 
     def per_element(stat: TensorValue) -> TensorValue:  # a group statistic, read at x's index
         def index(i):
-            out = [0 if d in red else i[d] for d in range(ca)] + [i[ca] // per if isinstance(i[ca], int) else tirx.floordiv(i[ca], per), 0]
+            out = [0 if d in red else i[d] for d in range(ca)] + [i[ca] // per, 0]
             return out + [0 if d + 1 in red else i[d] for d in range(ca + 1, x.ndim)]
         return view(stat, x.shape, index)
 
-    parts = [x, per_element(mu), per_element(var)]
-    if node.attr("scale", True):
-        parts.append(along(gamma, x.ndim, [ca], x.shape))
-    if node.attr("center", True):
-        parts.append(along(beta, x.ndim, [ca], x.shape))
-
-    def norm(v, m, s, *gb):
-        out = (v - m) * L.rsqrt(s + eps)
-        if node.attr("scale", True):
-            out = out * gb[0]
-        if node.attr("center", True):
-            out = out + gb[-1]
-        return out
-
-    return pointwise(norm, parts, node.out_dtype, node.name)
+    norm = pointwise(lambda v, m, s: (v - m) * L.rsqrt(s + eps), [x, per_element(mu), per_element(var)], cdt,
+                     node.name + "_norm")
+    return _affine(node, norm, gamma, beta, [ca])
 
 
 @register_op("relax.nn.rms_norm", OpPattern.OUT_EWISE_FUSABLE)
