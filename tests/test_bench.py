@@ -23,3 +23,19 @@ def test_bench_quick_run_writes_ratios(tmp_path):
         assert set(r["ours_ms"]) == {"autofuse", "nnvm"} and min(r["ours_ms"].values()) > 0
         assert set(r["build_s"]) == {"autofuse", "nnvm"} and min(r["build_s"].values()) > 0
     assert rows[0]["x_roof"] > 0 and rows[1]["x_roof"] is None  # a roofline for memory-bound work only
+
+
+def test_rounds_rotate_their_order_and_pairs_give_the_median_ratio(monkeypatch):
+    sys.path.insert(0, str(BENCH.parent))
+    import run
+
+    monkeypatch.setattr(run, "_POOL_SETTLE_S", 0.0)
+    order = []
+    calls = iter([4.0, 2.0, 9.0, 3.0, 6.0, 2.0])  # call, kernels per round: ratios 2, 3, 3
+
+    def timer(name, value=1.0):
+        return lambda: (order.append(name), value)[1]
+    pair = run.paired(lambda: (order.append("ours"), next(calls))[1], lambda: next(calls))
+    ms = run.interleaved_medians({"ours": pair, "a": timer("a"), "b": timer("b")}, repeat=3)
+    assert order == ["ours", "a", "b", "a", "b", "ours", "b", "ours", "a"]
+    assert ms["ours"] == (6.0, 2.0, 3.0) and ms["a"] == 1.0
