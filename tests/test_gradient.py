@@ -120,6 +120,20 @@ def test_wrt_subset_by_name_and_position():
     assert len(both.ret_ty.fields[1].fields) == 2
 
 
+def test_relu_adjoint_is_zero_where_x_is_not_positive_even_for_a_nan_adjoint():
+    # y = sum(relu(x) * log(w)): dy/dx = log(w) where x > 0, else 0 (PyTorch's threshold_backward),
+    # also where log(w) is NaN (w < 0) or -inf (w = 0); g * (x > 0) would give NaN there
+    mod = scalar_module(lambda x, w: op.multiply(op.nn.relu(x), op.log(w)), [(2, 3), (2, 3)], ["x", "w"])
+    compiled = tvm_ext.compile(Gradient(adjoint_name="main", wrt=["x"])(mod))
+    x = np.array([[1.0, -1.0, 0.0], [2.0, -3.0, 0.5]])
+    w = np.array([[2.0, -1.0, 0.0], [3.0, 0.0, -2.0]])
+    r = np.random.default_rng(1).standard_normal((2, 3))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = np.where(x > 0, np.log(w) * r, 0.0)
+    _, dx = compiled(x, w)  # one wrt: its adjoint alone
+    np.testing.assert_array_equal(dx, want)  # [[r log2, 0, 0], [r log3, 0, NaN]]: x = 0.5 > 0 keeps its NaN
+
+
 def test_unreached_parameter_gets_zeros(rng):
     mod = scalar_module(lambda x, z: op.exp(x), [(2,), (3,)], ["x", "z"])
     compiled = tvm_ext.compile(Gradient(adjoint_name="main")(mod))

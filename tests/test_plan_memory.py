@@ -243,3 +243,21 @@ def test_a_memory_aware_order_runs_the_kernel_that_frees_the_most_first(x):
     assert memory.program_order_bound == 2 * UNIT + 64
     assert memory.lower_bound == memory.planned == UNIT + 128
     np.testing.assert_allclose(compiled(x), _softmax(x).sum(1) + _softmax(x.T).T.sum(1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
+def test_an_mlp_training_step_is_planned_in_half_its_naive_bytes(fusion):
+    # bench/memory.py's training step (256x784 -> 512 -> 10, softmax cross-entropy, SGD momentum);
+    # relu's backward reads a boolean mask, which costs a quarter of a float one
+    import tvm_ext.symbol as sym
+    from tvm_ext.training import SGD, Trainer
+
+    data, label = sym.Variable("data"), sym.Variable("label")
+    fc1 = sym.FullyConnected(data, num_hidden=512, name="fc1")
+    fc2 = sym.FullyConnected(sym.relu(fc1), num_hidden=10, name="fc2")
+    loss = -sym.mean(sym.sum(sym.log_softmax(fc2, axis=-1) * label, axis=[1]))
+    trainer = Trainer(loss, ["data", "label"], SGD(0.1, momentum=0.9),
+                      shapes={"data": (256, 784), "label": (256, 10)}, fusion=fusion)
+    memory = trainer.compiled[0].report().memory
+    assert memory.planned <= 0.5 * memory.naive
+    assert memory.planned <= memory.tvm_static and memory.planned <= 1.1 * memory.lower_bound

@@ -135,7 +135,9 @@ unary("relax.square", lambda x: x * x, doc="x * x.",
 
 # ---- activations, written as their math
 unary("relax.nn.relu", lambda x: L.maximum(x, 0), doc="max(x, 0).",
-      gradient=lambda call, y, g, bb: [g * _mask(_op.greater(call.args[0], const(0.0, g)), g)])
+      # where, not g * mask: the boolean crosses to the backward kernel (a byte an element, not
+      # four), and a NaN adjoint where x <= 0 gives 0, as PyTorch's threshold_backward does
+      gradient=lambda call, y, g, bb: [_op.where(_op.greater(call.args[0], const(0.0, g)), g, const(0.0, g))])
 
 
 def _grad_silu(call, y, g, bb):
