@@ -211,16 +211,18 @@ class _Lowering:
             self.memory[var] = self.kb.add_input(var.name, shape, dtype)
         return self.memory[var]
 
-    def _merge(self, kids: set, joining: set) -> int | None:
+    def _merge(self, kids: set, joining: set, views: frozenset = frozenset()) -> int | None:
         """One kernel for the given ones and the nodes ``joining`` them (a reader and what it
         recomputes); None when that would create a cycle: a path from the kernel through other
-        kernels back into it."""
+        kernels back into it. The ``views`` (re-indexings of memory each reader recomputes,
+        such as a layout_transform of an input) join no kernel to another: the path through
+        one is not a dependency."""
         kids = {k for k in kids if k is not None}
         if not kids:
             return None
         keep = min(kids)
         union = set().union(*(self.plan.kernels[k].nodes for k in kids)) | joining
-        if not _convex(self.g, union):
+        if not _convex(self.g, union - views):
             return None
         for k in sorted(kids - {keep}):
             other = self.plan.kernels.pop(k)
@@ -264,6 +266,7 @@ class _Lowering:
         anchor = node.op in _ANCHORS
         joined: set = set()
         members = {n}
+        views: set = set()  # recomputed re-indexings of memory
         values: dict = {}
         for v in relax.analysis.free_vars(node.value):
             i = g.index_of.get(v)
@@ -283,12 +286,14 @@ class _Lowering:
                     self._realize(box, rule, detail)
                 elif box.kind is BoxKind.FUSABLE:
                     members |= box.members
+                    if box.kernel is None and _view_only(box):
+                        views |= box.members
                     self._decide(box.node, "inline", "fusable",
                                  f"into {node.name}" + (" (recomputed)" if len(g.op_readers(g[box.node])) > 1 else ""))
             if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                 joined.add(box.kernel)
             values[v] = box.value
-        kernel = self._merge(joined, members)
+        kernel = self._merge(joined, members, frozenset(views))
         if kernel is None and any(k is not None for k in joined):
             for v, value in list(values.items()):  # cannot join them all: read them from memory
                 i = g.index_of.get(v)

@@ -45,7 +45,14 @@ _FOLDABLE = {
     "relax.expand_dims": lambda a, c: np.expand_dims(a, tuple(int(x) for x in c.attrs.axis)),
     "relax.squeeze": lambda a, c: np.squeeze(a, None if c.attrs.axis is None else tuple(int(x) for x in c.attrs.axis)),
     "relax.astype": lambda a, c: a.astype(str(c.attrs.dtype)),
+    "relax.layout_transform": lambda a, c: _map_layout(a, c.attrs),
 }
+
+
+def _map_layout(array: np.ndarray, attrs) -> np.ndarray:
+    if attrs.pad_value is not None:
+        raise ValueError("a padded layout_transform stays in the graph")
+    return attrs.index_map.map_tensor(tvm.runtime.tensor(np.ascontiguousarray(array))).numpy()
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="FoldWeightLayout")

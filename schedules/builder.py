@@ -100,8 +100,13 @@ class ScheduleBuilder:
         shared = shared or []
         kinds = _loop_kinds(self.sch, block, loops)
         axes = list(shared)
+        taken = {a.name for a in shared}
         for i, loop in enumerate(loops[len(shared):], start=len(shared)):
-            axes.append(Axis(f"z{i}", AxisType.ORIGINAL, int(self.sch.get(loop).extent), f"s{i}",
+            fresh = f"z{i}"
+            while fresh in taken:  # a shared axis made by a split or merge can hold the name
+                fresh += "'"
+            taken.add(fresh)
+            axes.append(Axis(fresh, AxisType.ORIGINAL, int(self.sch.get(loop).extent), f"s{i}",
                              reduce=kinds[i]))
         return ImplGraph(name, axes).bind(self.sch, loops)
 

@@ -107,10 +107,26 @@ def test_nnvm_fusion_needs_no_more_kernels_than_tvm_fuse_ops(name, factory, shap
 def test_resnet_block_is_two_kernels_with_fused_epilogues():
     model = _randomize_bn(BasicBlock()).eval()
     x = torch.randn(1, 16, 8, 8)
-    report = tvm_ext.compile(model, (x,), fusion="nnvm", strict=True).report()
+    report = tvm_ext.compile(model, (x,), fusion="nnvm", strict=True, block_conv=False).report()
     assert [k.ops for k in report.kernels] == [["nn.conv2d", "nn.batch_norm", "nn.relu"],
                                                ["nn.conv2d", "nn.batch_norm", "add", "nn.relu"]]
     assert all("epilogue on the tile" in k.schedule for k in report.kernels)
+
+
+def test_blocked_resnet_block_keeps_its_activations_blocked_between_the_convolutions():
+    # NCHW16c: BatchNorm folds to multiply + add; the input is read through its blocked view by
+    # the first convolution and by the residual add (no kernel of its own), and only the last
+    # kernel converts back to NCHW
+    model = _randomize_bn(BasicBlock()).eval()
+    x = torch.randn(1, 16, 8, 8)
+    compiled = tvm_ext.compile(model, (x,), fusion="autofuse", strict=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-4)
+    ops = [k.ops for k in compiled.report().kernels]
+    assert ops == [["layout_transform", "nn.conv2d", "multiply", "add", "nn.relu"],
+                   ["layout_transform", "nn.conv2d", "multiply", "add", "add"],
+                   ["nn.relu", "layout_transform"]], ops
+    assert all("epilogue on the tile" in k.schedule for k in compiled.report().kernels[:2])
 
 
 def test_chains_fuse_elementwise_work_into_fewer_kernels():

@@ -239,6 +239,14 @@ CASES.append(Case("relax.squeeze", lambda x: R.squeeze(x, [1]), normal(), lambda
                   EXACT, shapes=_fixed((3, 1, 4))))
 CASES.append(Case("relax.permute_dims", lambda x: R.permute_dims(x, [2, 0, 1]), normal(),
                   lambda x: x.transpose(2, 0, 1), EXACT, shapes=_reduce_shapes))
+CASES.append(Case("relax.layout_transform",
+                  lambda x: R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4)), normal(),
+                  lambda x: x.reshape(2, 2, 4, 3, 5).transpose(0, 1, 3, 4, 2), EXACT, shapes=_fixed((2, 8, 3, 5)),
+                  id="NCHW to NCHW4c"))
+CASES.append(Case("relax.layout_transform",
+                  lambda x: R.layout_transform(x, index_map=lambda n, c, h, w, b: (n, c * 4 + b, h, w)), normal(),
+                  lambda x: x.transpose(0, 1, 4, 2, 3).reshape(2, 8, 3, 5), EXACT, shapes=_fixed((2, 2, 3, 5, 4)),
+                  id="NCHW4c to NCHW"))
 CASES.append(Case("relax.strided_slice", lambda x: R.strided_slice(x, [0, 2], [1, -1], [5, 0], [2, -2]),
                   normal(), lambda x: x[1:5:2, :, -1:0:-2], EXACT, shapes=_fixed((6, 3, 9))))
 CASES.append(Case("relax.concat", lambda a, b: R.concat([a, b, a], axis=1), normal(),
@@ -342,6 +350,36 @@ CASES.append(Case("relax.nn.conv2d",
                   lambda x, w: R.nn.conv2d(x, w, strides=2, padding=2, dilation=2, groups=2), normal(),
                   lambda x, w: conv2d_ref(x, w, stride=2, pad=2, dilation=2, groups=2), REDUCE,
                   shapes=_fixed((1, 4, 9, 11), (6, 2, 3, 3)), arity=2, id="strided dilated grouped"))
+
+
+def _blocked(x, b):
+    """NCHW -> NCHW[b]c."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _unblocked(x):
+    n, cb, h, w, b = x.shape
+    return x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+
+
+def _unblocked_weight(w):
+    """OIHW[i]i[o]o -> OIHW."""
+    ob, ib, kh, kw, i, o = w.shape
+    return w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * o, ib * i, kh, kw)
+
+
+CASES.append(Case("relax.nn.conv2d",
+                  lambda x, w: R.nn.conv2d(x, w, padding=1, data_layout="NCHW16c", kernel_layout="OIHW16i16o",
+                                           out_layout="NCHW16c"), normal(),
+                  lambda x, w: _blocked(conv2d_ref(_unblocked(x), _unblocked_weight(w), pad=1), 16), REDUCE,
+                  shapes=_fixed((1, 2, 7, 9, 16), (2, 2, 3, 3, 16, 16)), arity=2, id="NCHW16c"))
+CASES.append(Case("relax.nn.conv2d",
+                  lambda x, w: R.nn.conv2d(x, w, strides=2, padding=2, dilation=2, data_layout="NCHW8c",
+                                           kernel_layout="OIHW8i4o", out_layout="NCHW4c"), normal(),
+                  lambda x, w: _blocked(conv2d_ref(_unblocked(x), _unblocked_weight(w), stride=2, pad=2,
+                                                   dilation=2), 4), REDUCE,
+                  shapes=_fixed((1, 2, 9, 11, 8), (3, 2, 3, 3, 8, 4)), arity=2, id="NCHW8c strided dilated"))
 
 
 def _case_id(case: Case) -> str:

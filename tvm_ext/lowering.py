@@ -17,6 +17,7 @@ PrimFunc.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -418,6 +419,42 @@ def permute(value: TensorValue, axes: Sequence[int] | None) -> TensorValue:
         raise ShapeError(f"permutation {axes} is not a permutation of {value.ndim} axes")
     inverse = [axes.index(d) for d in range(value.ndim)]
     return view(value, [value.shape[a] for a in axes], lambda idx: [idx[inverse[d]] for d in range(value.ndim)])
+
+
+def layout_transform(value: TensorValue, index_map, shape: Sequence[int], node: str = "layout_transform"
+                     ) -> TensorValue:
+    """Relax's ``layout_transform`` (NCHW <-> NCHW16c and the like): output element ``idx`` is the
+    input element the inverse of ``index_map`` (a bijective ``tirx.IndexMap``) gives for it."""
+    inverse = index_map.inverse([tirx.IntImm("int64", s) for s in value.shape])
+    params = list(inverse.initial_indices)
+
+    def index(idx):
+        env = {p.name: i for p, i in zip(params, idx)}
+        return [_eval_index(e, env, node) for e in inverse.final_indices]
+    return view(value, shape, index)
+
+
+_INDEX_OPS = {tirx.Add: lambda a, b: a + b, tirx.Sub: lambda a, b: a - b, tirx.Mul: lambda a, b: a * b,
+              tirx.FloorDiv: tirx.floordiv, tirx.FloorMod: tirx.floormod}
+_INT_OPS = {tirx.Add: operator.add, tirx.Sub: operator.sub, tirx.Mul: operator.mul,
+            tirx.FloorDiv: operator.floordiv, tirx.FloorMod: operator.mod}
+
+
+def _eval_index(expr, env: dict, node: str):
+    """An index expression of an IndexMap, rebuilt on our (int32) loop indices."""
+    if isinstance(expr, tirx.Var):
+        return env[expr.name]
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    if isinstance(expr, tirx.Cast):
+        return _eval_index(expr.value, env, node)
+    op = _INDEX_OPS.get(type(expr))
+    if op is None:
+        raise NotLowerable(f"{node}: index map term {type(expr).__name__} ({expr})")
+    a, b = _eval_index(expr.a, env, node), _eval_index(expr.b, env, node)
+    if isinstance(a, int) and isinstance(b, int):
+        return _INT_OPS[type(expr)](a, b)
+    return op(a, b)
 
 
 def expand_dims(value: TensorValue, axes: Sequence[int]) -> TensorValue:

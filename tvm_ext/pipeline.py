@@ -15,6 +15,7 @@ from tvm import relax
 
 from relay_passes.pack_weights import PackMatmulWeights
 from relay_passes.plan_memory import PlanMemory
+from relay_passes.conv_layout import BlockConvLayout
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
@@ -55,6 +56,7 @@ class Pipeline:
     registry: OpRegistry = OPS  # the ops our lowering knows
     exact_math: bool = False  # libm exp/sigmoid instead of the vectorizable float32 forms
     pack_weights: bool = True  # constant matmul operands stored in column panels (autofuse)
+    block_conv: bool = True  # convolutions in NCHW16c, activations kept blocked between them
     tuning_db: Any = None  # a tuning database (path or TuningDatabase): its best schedules win
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
@@ -67,7 +69,8 @@ class Pipeline:
     def prepare(self, mod: tvm.IRModule) -> tvm.IRModule:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
-        seq = [relax.transform.ConvertToDataflow(), *self.passes, FoldWeightLayout(), FoldTupleGetItem(),
+        blocked = [BlockConvLayout()] if self.block_conv and self.fusion != "tvm" else []
+        seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(), FoldTupleGetItem(),
                relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
                relax.transform.DeadCodeElimination()]
         with self.target:
@@ -146,7 +149,8 @@ class Pipeline:
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
             fusion: Any = "autofuse", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
-            registry: OpRegistry = OPS, exact_math: bool = False, tuning_db: Any = None) -> CompiledModel:
+            registry: OpRegistry = OPS, exact_math: bool = False, tuning_db: Any = None,
+            block_conv: bool = True) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``), a
@@ -159,10 +163,11 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     ``exact_math=True`` keeps libm's exp and sigmoid (scalar calls) instead of the
     vectorizable float32 forms of ``tvm_ext.fast_math``. ``tuning_db`` (a path or a
     ``schedules.TuningDatabase``, filled by ``tvm_ext.tune``) gives every kernel it has records
-    for its best measured schedule; the others keep the heuristic's.
+    for its best measured schedule; the others keep the heuristic's. ``block_conv=False`` keeps
+    convolutions in NCHW instead of the channel-blocked NCHW16c (``relay_passes.BlockConvLayout``).
     """
     pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry,
-                        exact_math=exact_math, tuning_db=tuning_db)
+                        exact_math=exact_math, tuning_db=tuning_db, block_conv=block_conv)
     return pipeline.run(model, example_inputs, shape_dict)
 
 

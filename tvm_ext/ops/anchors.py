@@ -1,6 +1,8 @@
 """Anchor ops (OutEWiseFusable): matmul and conv2d, lowered to one reduction stage each."""
 from __future__ import annotations
 
+import re
+
 from tvm import relax, tirx
 
 from tvm_ext import loop_ir as L
@@ -162,27 +164,47 @@ CONV2D = SymbolOp("conv2d", _conv2d_emit, inputs=("data", "weight", "bias"),
 
 @register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d, symbol=CONV2D)
 def _conv2d(node: OpNode) -> TensorValue:
-    """NCHW x OIHW direct convolution with strides, padding, dilation and groups.
+    """Direct convolution with strides, padding, dilation and groups, NCHW x OIHW, or blocked
+    (NCHW[b]c x OIHW[b]i[b]o, groups 1; ``relay_passes.conv_layout``) where the output's
+    channel block is the innermost axis: the register tile's vector.
 
     Padding is realized as a kernel-local stage so the reduction loop reads without bounds
     checks; other layouts keep TVM's kernel.
     """
-    check_no_lowering(str(node.attr("data_layout")) != "NCHW" or str(node.attr("kernel_layout")) != "OIHW"
-                      or str(node.attr("out_layout")) != "NCHW", "conv2d layout other than NCHW/OIHW")
+    blocks = _blocked_layouts(node)
+    check_no_lowering(blocks is None and (str(node.attr("data_layout")) != "NCHW"
+                                          or str(node.attr("kernel_layout")) != "OIHW"
+                                          or str(node.attr("out_layout")) != "NCHW"),
+                      "conv2d layout other than NCHW/OIHW or NCHW[b]c/OIHW[b]i[b]o")
     x, w = node.args
     sh, sw = (int(s) for s in node.attr("strides"))
     dh, dw = (int(d) for d in node.attr("dilation"))
     pt, pl, pb, pr = (int(p) for p in node.attr("padding"))
     groups = int(node.attr("groups"))
+    acc = L.compute_dtype(L.promote_dtypes(x.dtype, w.dtype))
+    shape = tuple(node.out_shape)
+    if blocks is not None:
+        check_no_lowering(groups != 1, "a blocked conv2d with groups")
+        if pt or pl or pb or pr:
+            x = node.kb.realize(pad(x, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0]), node.name + "_pad")
+        _, cb, _, _, ib = x.shape
+        _, _, kh, kw, _, _ = w.shape
+
+        def blocked(idx, ks):
+            b, ob, y, z, o = idx
+            icb, ry, rx, ic = ks
+            xi = [b, icb, y * sh + ry * dh, z * sw + rx * dw, ic]
+            return L.cast(x.load(xi), acc) * L.cast(w.load([ob, icb, ry, rx, ic, o]), acc)
+
+        out = reduce_stage(node.kb, shape, [cb, kh, kw, ib], blocked, "sum", acc, node.name)
+        return cast_value(out, node.out_dtype)
     n, c, h, wd = x.shape
     oc, icg, kh, kw = w.shape
     if c != icg * groups:
         raise ShapeError(f"{node.name}: conv2d input has {c} channels, weight expects {icg} x {groups} groups")
     ocg = oc // groups
-    acc = L.compute_dtype(L.promote_dtypes(x.dtype, w.dtype))
     if pt or pl or pb or pr:
         x = node.kb.realize(pad(x, [0, 0, pt, pl], [0, 0, pb, pr]), node.name + "_pad")
-    shape = tuple(node.out_shape)
 
     def body(idx, ks):
         b, o, y, z = idx
@@ -193,3 +215,13 @@ def _conv2d(node: OpNode) -> TensorValue:
 
     out = reduce_stage(node.kb, shape, [icg, kh, kw], body, "sum", acc, node.name)
     return cast_value(out, node.out_dtype)
+
+
+def _blocked_layouts(node: OpNode) -> tuple[int, int] | None:
+    """(input block, output block) of NCHW[i]c x OIHW[i]i[o]o -> NCHW[o]c, else None."""
+    data = re.fullmatch(r"NCHW(\d+)c", str(node.attr("data_layout")))
+    kernel = re.fullmatch(r"OIHW(\d+)i(\d+)o", str(node.attr("kernel_layout")))
+    out = re.fullmatch(r"NCHW(\d+)c", str(node.attr("out_layout")))
+    if not (data and kernel and out) or data[1] != kernel[1] or kernel[2] != out[1]:
+        return None
+    return int(data[1]), int(out[1])

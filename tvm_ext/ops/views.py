@@ -95,6 +95,19 @@ def _permute_dims(node: OpNode) -> TensorValue:
     return lw.permute(node.args[0], None if axes is None else [int(a) for a in axes])
 
 
+def _grad_layout_transform(call, y, g, bb):
+    """The inverse map on the adjoint."""
+    shape = shape_of(call.args[0])
+    return [relax.op.layout_transform(g, call.attrs.index_map.inverse(list(shape)))]
+
+
+@register_op("relax.layout_transform", OpPattern.INJECTIVE, gradient=_grad_layout_transform)
+def _layout_transform(node: OpNode) -> TensorValue:
+    """A bijective index map (NCHW <-> NCHW16c): each element reads its preimage."""
+    check_no_lowering(node.attr("pad_value") is not None, "layout_transform with padding")
+    return lw.layout_transform(node.args[0], node.attr("index_map"), node.out_shape, node.name)
+
+
 @register_op("relax.strided_slice", OpPattern.INJECTIVE)
 def _strided_slice(node: OpNode) -> TensorValue:
     """begin + i * stride along the sliced axes."""

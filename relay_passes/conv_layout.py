@@ -1,0 +1,90 @@
+"""BlockConvLayout: convolutions in the channel-blocked layout NCHW[b]c, as TVM's x86 conv2d
+schedules and oneDNN run them.
+
+In NCHW a convolution's output channels lie ``H * W`` floats apart, so the register tile
+vectorizes over the width and broadcasts one weight per FMA. Blocked, ``b`` output channels
+are contiguous: the tile is ``pixels x b``, each FMA multiplies a vector of ``b`` weights
+(``OIHW[b]i[b]o``, contiguous over the output block) by one input value, and every input
+value is read once per ``b`` output channels instead of once per channel.
+
+The pass folds inference BatchNorm with constant statistics into a multiply and an add
+(``x * scale + shift``, both computed here), so that TVM's ``ConvertLayout`` carries the
+elementwise ops between convolutions in the blocked layout too: activations stay blocked
+from one convolution to the next, and the only ``layout_transform``s left are at the
+graph's edges and around ops that need NCHW. Constant weights are transformed once, at
+compile time (FoldWeightLayout folds the ``layout_transform`` of a constant). A convolution
+whose channels are not multiples of ``b``, or that has groups, stays NCHW (ConvertLayout
+skips it).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from relay_passes.simplify import bound_constant, rewrite_functions
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="BlockConvLayout")
+class BlockConvLayout:
+    """NCHW x OIHW conv2d to NCHW[block]c x OIHW[block]i[block]o, with what lies between
+    convolutions carried in the blocked layout."""
+
+    def __init__(self, block: int = 16):
+        self.block = block
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        if not _has_nchw_conv(mod, self.block):
+            return mod
+        mod = rewrite_functions(mod, _FoldBatchNorm(mod))
+        b = self.block
+        return relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{b}c", f"OIHW{b}i{b}o"]})(mod)
+
+
+def _has_nchw_conv(mod: tvm.IRModule, block: int) -> bool:
+    """Whether a float32 NCHW conv2d without groups has channels in whole blocks."""
+    found = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d"
+                and str(expr.attrs.data_layout) == "NCHW" and int(expr.attrs.groups) == 1):
+            x, w = (a.ty for a in expr.args)
+            if (isinstance(x, relax.TensorType) and isinstance(w, relax.TensorType) and str(x.dtype) == "float32"
+                    and x.shape is not None and w.shape is not None):
+                c, o = x.shape.values[1], w.shape.values[0]
+                if isinstance(c, tvm.tirx.IntImm) and isinstance(o, tvm.tirx.IntImm) and \
+                        int(c) % block == 0 and int(o) % block == 0:
+                    found.append(expr)
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
+
+
+@mutator
+class _FoldBatchNorm(PyExprMutator):
+    """Inference ``batch_norm`` with constant parameters becomes ``x * scale + shift``."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.batch_norm") or call.attrs.training:
+            return call
+        consts = [bound_constant(self, a) for a in call.args[1:5]]
+        if any(c is None for c in consts) or not isinstance(call.args[0].ty, relax.TensorType):
+            return call
+        gamma, beta, mean, var = (c.value.numpy().astype(np.float64) for c in consts)
+        attrs = call.attrs
+        if not attrs.scale:
+            gamma = np.ones_like(gamma)
+        if not attrs.center:
+            beta = np.zeros_like(beta)
+        x = call.args[0]
+        ndim, axis, dtype = len(x.ty.shape.values), int(attrs.axis), str(x.ty.dtype)
+        shape = [1] * ndim
+        shape[axis % ndim] = gamma.size
+        scale = gamma / np.sqrt(var + float(attrs.epsilon))
+        shift = beta - mean * scale
+        y = relax.op.add(relax.op.multiply(x, relax.const(scale.reshape(shape).astype(dtype))),
+                         relax.const(shift.reshape(shape).astype(dtype)))
+        return relax.Tuple([y, call.args[3], call.args[4]])
