@@ -200,3 +200,92 @@ def test_a_half_precision_linear_imports_computes_and_returns_its_dtype(dtype):
     with pytest.raises(tvm_ext.InputError, match=rf"must be {str(dtype)[6:]}, got float32; convert it with "
                                                  rf"\.to\(torch\.{str(dtype)[6:]}\)"):
         compiled(x.float())
+
+
+class _Divisions(nn.Module):
+    def forward(self, x):
+        return x / 3, x // 4, torch.div(x, 3, rounding_mode="trunc"), torch.div(x, 2.5, rounding_mode="floor"), x // 2.5
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_divisions_by_numbers_follow_pytorchs_promotion(dtype):
+    # TVM's converter made every number an int32 constant (x // 3 failed on int64 and float
+    # tensors) and divided integers as integers (x / 3 on ints is float division in PyTorch)
+    x = (torch.arange(-10, 10).reshape(4, 5) * (1 if dtype != torch.float32 else 1.37)).to(dtype)
+    module = _Divisions()
+    got = tvm_ext.compile(module, (x,), strict=True)(x.numpy())
+    for g, w in zip(got, module(x)):
+        assert g.dtype == w.numpy().dtype
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _Interpolate(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return nn.functional.interpolate(x, mode="nearest", **self.kw)
+
+
+@pytest.mark.parametrize("kw", [dict(size=(7, 5)), dict(size=(3, 2)), dict(scale_factor=1.7), dict(scale_factor=2)])
+def test_nearest_interpolate_picks_pytorchs_rows_and_columns(kw):
+    x = torch.randn(1, 2, 4, 3)
+    module = _Interpolate(**kw)
+    np.testing.assert_array_equal(tvm_ext.compile(module, (x,), strict=True)(x.numpy()), module(x).numpy())
+
+
+class _GridSample(nn.Module):
+    def __init__(self, mode, padding, align):
+        super().__init__()
+        self.args = dict(mode=mode, padding_mode=padding, align_corners=align)
+
+    def forward(self, x, grid):
+        return nn.functional.grid_sample(x, grid, **self.args)
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_matches_pytorch(mode, padding, align):
+    torch.manual_seed(0)
+    x, grid = torch.randn(2, 3, 5, 6), torch.rand(2, 3, 4, 2) * 2.4 - 1.2  # some points fall outside
+    module = _GridSample(mode, padding, align)
+    got = tvm_ext.compile(module, (x, grid))(x.numpy(), grid.numpy())
+    np.testing.assert_allclose(got, module(x, grid).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("module, inputs, match", [
+    (_GridSample("bilinear", "reflection", False), (torch.randn(1, 1, 3, 3), torch.rand(1, 2, 2, 2)),
+     "grid_sample with mode bilinear and padding reflection"),
+    (_GridSample("bicubic", "zeros", False), (torch.randn(1, 1, 3, 3), torch.rand(1, 2, 2, 2)),
+     "grid_sample with mode bicubic"),
+])
+def test_grid_sample_modes_without_a_converter_are_refused(module, inputs, match):
+    with pytest.raises(tvm_ext.FrontendError, match=match):
+        tvm_ext.compile(module, inputs)
+
+
+class _Masked(nn.Module):
+    def forward(self, x):
+        return x[x > 0]
+
+
+def test_boolean_mask_indexing_is_refused_with_the_fix():
+    with pytest.raises(tvm_ext.FrontendError, match=r"boolean mask .*torch.where\(mask, x, 0\)"):
+        tvm_ext.compile(_Masked(), (torch.randn(4, 5),))
+
+
+class _NanExtremes(nn.Module):
+    def forward(self, x):
+        return x.amax(-1), x.amin(0), x.max(-1)[0], x.max(-1)[1], x.min(0)[0], x.min(0)[1], torch.max(x)
+
+
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
+def test_max_and_min_reductions_propagate_nan_at_its_index(fusion):
+    nan = float("nan")
+    x = torch.tensor([[1.0, nan, 3.0, -1.0], [1.0, 2.0, 3.0, 0.5], [nan, nan, 0.0, 1.0]])
+    module = _NanExtremes()
+    got = tvm_ext.compile(module, (x,), fusion=fusion, strict=True)(x.numpy())
+    for g, w in zip(got, module(x)):
+        np.testing.assert_array_equal(np.asarray(g), w.numpy())  # NaN where PyTorch has NaN

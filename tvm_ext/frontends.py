@@ -94,10 +94,156 @@ def _addmm(node, importer):
     return scaled if out is None else emit(relax.op.add(scaled, out))
 
 
+def _min_dim(node, importer):
+    """``aten.min.dim`` (values and first indices), which TVM's importer lacks: topk with k = 1,
+    as its ``max.dim``."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x, dim = args[0], int(args[1])
+    keepdim = bool(args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
+    emit = importer.block_builder.emit
+    both = emit(relax.op.topk(x, k=1, axis=dim, largest=False, ret_type="both", dtype="int64"))
+    values, indices = both[0], both[1]
+    if not keepdim:
+        values, indices = emit(relax.op.squeeze(values, axis=[dim])), emit(relax.op.squeeze(indices, axis=[dim]))
+    return emit(relax.Tuple([values, indices]))
+
+
+def _divide(rounding: str | None = None, read_mode: bool = False):
+    """``aten.div`` (true, floor or trunc) and ``floor_divide`` with PyTorch's promotion: a
+    Python number takes the tensor's dtype (TVM's converter makes it an int32 constant, which
+    an int64 or float tensor cannot meet), and true division of integers is float32 division
+    (TVM's would divide the integers). Integer trunc division runs in float64 (exact below 2^53)."""
+    def convert(node, importer):
+        from tvm import relax
+
+        args = importer.retrieve_args(node)
+        a, b = args[0], args[1]
+        mode = (args[2] if len(args) > 2 else node.kwargs.get("rounding_mode")) if read_mode else rounding
+        emit = importer.block_builder.emit
+        like = a if isinstance(a, relax.Expr) else b
+        dtype = str(like.ty.dtype)
+        integer = not dtype.startswith(("float", "bfloat"))
+        if integer and (mode is None or isinstance(a, float) or isinstance(b, float)):
+            a, b = (emit(relax.op.astype(v, "float32")) if isinstance(v, relax.Expr) else v for v in (a, b))
+            dtype, integer = "float32", False
+        a, b = (v if isinstance(v, relax.Expr) else relax.const(v, dtype) for v in (a, b))
+        if mode is None:
+            return emit(relax.op.divide(a, b))
+        if mode == "floor":
+            return emit(relax.op.floor_divide(a, b))
+        if mode != "trunc":
+            raise FrontendError(f"node '{node.name}': division with rounding_mode={mode!r}")
+        if integer:
+            wide = emit(relax.op.trunc(relax.op.divide(relax.op.astype(a, "float64"), relax.op.astype(b, "float64"))))
+            return emit(relax.op.astype(wide, dtype))
+        return emit(relax.op.trunc(relax.op.divide(a, b)))
+    return convert
+
+
+def _nearest_indices(size_in: int, size_out: int, scale: float | None):
+    """PyTorch's 'nearest' source index per output index: floor(dst * s), s = in / out (or
+    1 / scale_factor when one was given), computed in float32 as PyTorch does, clamped."""
+    import numpy as np
+
+    s = np.float32(1.0 / scale) if scale else np.float32(size_in) / np.float32(size_out)
+    src = np.floor(np.arange(size_out, dtype=np.float32) * s).astype("int64")
+    return np.minimum(src, size_in - 1)
+
+
+def _upsample_nearest2d(node, importer):
+    """``aten.upsample_nearest2d.vec`` to a size or by scale factors: two gathers along H and W
+    with the source indices worked out here (TVM's converter picks other rows and columns)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x, size = args[0], args[1] if len(args) > 1 else node.kwargs.get("output_size")
+    scales = args[2] if len(args) > 2 else node.kwargs.get("scale_factors")
+    shape = [int(d) for d in x.ty.shape.values]
+    if size is None:
+        size = [int(shape[2 + i] * float(scales[i])) for i in range(2)]
+    emit, out = importer.block_builder.emit, x
+    for i, axis in enumerate((2, 3)):
+        idx = _nearest_indices(shape[axis], int(size[i]), float(scales[i]) if scales else None)
+        out = emit(relax.op.take(out, relax.const(idx), axis=axis))
+    return out
+
+
+def _index_tensor(node, importer):
+    """``x[idx]``: TVM's converter, except for a boolean mask, whose result's size depends on
+    the data and which static kernels cannot produce."""
+    from tvm import relax
+
+    indices = node.args[1] if len(node.args) > 1 else []
+    for i in indices:
+        value = importer.env.get(i) if i is not None else None
+        if isinstance(value, relax.Expr) and isinstance(value.ty, relax.TensorType) and str(value.ty.dtype) == "bool":
+            raise FrontendError(f"node '{node.name}': indexing with a boolean mask (x[mask]) gives a result whose "
+                                f"size depends on the data, which tvm_ext's static kernels cannot produce; keep the "
+                                f"shape with torch.where(mask, x, 0) (or x * mask) and reduce over it instead")
+    return importer._index_tensor(node)
+
+
+def _grid_sampler_2d(node, importer):
+    """``aten.grid_sampler_2d`` (grid_sample) in bilinear or nearest mode with zeros or border
+    padding, as gathers of the four (one) neighbours; TVM's converter gives wrong values."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x, grid = args[0], args[1]
+    mode, padding, align = (int(args[2]), int(args[3]), bool(args[4])) if len(args) > 4 else (0, 0, False)
+    if mode not in (0, 1) or padding not in (0, 1):
+        raise FrontendError(f"node '{node.name}': grid_sample with mode "
+                            f"{['bilinear', 'nearest', 'bicubic'][mode]} and padding "
+                            f"{['zeros', 'border', 'reflection'][padding]} has no converter; tvm_ext supports "
+                            f"bilinear or nearest with zeros or border padding")
+    n, c, h, w = (int(d) for d in x.ty.shape.values)
+    _, ho, wo, _ = (int(d) for d in grid.ty.shape.values)
+    op, emit, dtype = relax.op, importer.block_builder.emit, str(x.ty.dtype)
+
+    def f(v):
+        return relax.const(float(v), dtype)
+
+    def coord(axis: int, size: int):
+        g = emit(op.squeeze(op.strided_slice(grid, axes=[3], begin=[axis], end=[axis + 1]), axis=[3]))
+        if align:
+            at = emit((g + f(1)) * f((size - 1) / 2))
+        else:
+            at = emit(((g + f(1)) * f(size) - f(1)) * f(0.5))
+        return emit(op.clip(at, 0, size - 1)) if padding == 1 else at
+    ix, iy = coord(0, w), coord(1, h)
+    flat = emit(op.reshape(x, (n, c, h * w)))
+
+    def tap(yi, xi, weight):
+        """weight * x[n, :, yi, xi], zero where (yi, xi) falls outside."""
+        # xi, yi hold whole numbers: clip(xi + 1, 0, 1) is 1 exactly when xi >= 0, clip(w - xi, 0, 1)
+        # when xi <= w - 1 (arithmetic, not comparisons: TVM's analyzer fails on the bool vectors
+        # a fused, vectorized kernel would bind)
+        inside = [op.clip(xi + f(1), 0, 1), op.clip(f(w) - xi, 0, 1), op.clip(yi + f(1), 0, 1), op.clip(f(h) - yi, 0, 1)]
+        xc, yc = emit(op.clip(xi, 0, w - 1)), emit(op.clip(yi, 0, h - 1))
+        index = emit(op.astype(yc * f(w) + xc, "int64"))
+        index = emit(op.broadcast_to(op.reshape(index, (n, 1, ho * wo)), (n, c, ho * wo)))
+        picked = emit(op.reshape(op.gather_elements(flat, index, axis=2), (n, c, ho, wo)))
+        scale = emit(op.reshape(weight * inside[0] * inside[1] * inside[2] * inside[3], (n, 1, ho, wo)))
+        return emit(picked * scale)
+    if mode == 1:  # nearest: round half to even, as nearbyint
+        return tap(emit(op.round(iy)), emit(op.round(ix)), emit(op.ones_like(ix)))
+    x0, y0 = emit(op.floor(ix)), emit(op.floor(iy))
+    x1, y1 = emit(x0 + f(1)), emit(y0 + f(1))
+    wx1, wy1 = emit(ix - x0), emit(iy - y0)
+    wx0, wy0 = emit(f(1) - wx1), emit(f(1) - wy1)
+    out = emit(tap(y0, x0, emit(wy0 * wx0)) + tap(y0, x1, emit(wy0 * wx1)))
+    return emit(out + emit(tap(y1, x0, emit(wy1 * wx0)) + tap(y1, x1, emit(wy1 * wx1))))
+
+
 def _torch_converters() -> dict:
     from tvm import relax
     return {"amax.default": _extreme(relax.op.max), "amin.default": _extreme(relax.op.min),
-            "linear.default": _linear, "addmm.default": _addmm}
+            "linear.default": _linear, "addmm.default": _addmm, "min.dim": _min_dim,
+            "floor_divide.default": _divide("floor"), "div.Tensor": _divide(), "div.Scalar": _divide(),
+            "div.Tensor_mode": _divide(read_mode=True), "upsample_nearest2d.vec": _upsample_nearest2d,
+            "index.Tensor": _index_tensor, "grid_sampler_2d.default": _grid_sampler_2d}
 
 
 TORCH_CONVERTERS = _torch_converters()  # ours, for the aten ops TVM's importer does not convert

@@ -600,7 +600,9 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         if key in memo:
             return memo[key]
         out = _translate(node, tr, exact_math, let=True)
-        if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)):
+        # a boolean stays inline: once vectorized, TVM's analyzer cannot bind a bool-vector Let
+        # (it builds an IntImm of type boolx8 and fails)
+        if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)) and node.dtype != "bool":
             var = tirx.Var(f"cse{len(lets)}", node.dtype)
             lets.append((var, out))
             out = var

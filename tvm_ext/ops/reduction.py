@@ -36,9 +36,24 @@ def _count(x: TensorValue, axes) -> int:
 def _simple(kind: str):
     def lower(node: OpNode) -> TensorValue:
         x = node.args[0]
-        return reduce(node.kb, x, _axes(node, x), kind, _keepdims(node), node.out_dtype, node.name)
-    lower.__doc__ = f"Reduce with {kind} over the given axes."
+        out = reduce(node.kb, x, _axes(node, x), kind, _keepdims(node), node.out_dtype, node.name)
+        if kind in ("max", "min") and L.is_float(x.dtype):
+            return _nan_if_any(node, x, _axes(node, x), _keepdims(node), out)
+        return out
+    lower.__doc__ = f"Reduce with {kind} over the given axes" + (
+        " (NaN if any element is NaN, as in PyTorch)." if kind in ("max", "min") else ".")
     return lower
+
+
+def _nan_if_any(node: OpNode, x: TensorValue, axes, keepdims: bool, out: TensorValue) -> TensorValue:
+    """``out`` where no reduced element of ``x`` is NaN, else NaN: a max or min reduction
+    (TVM's reducer, which rfactor knows) skips NaN, PyTorch's propagates it. The flag is a
+    second max reduction over ``isnan(x)``."""
+    flag = pointwise(lambda v: L.select(L.isnan(v), L.const(1.0, "float32"), L.const(0.0, "float32")), [x],
+                     "float32", node.name + "_isnan")
+    any_nan = reduce(node.kb, flag, axes, "max", keepdims, "float32", node.name + "_any_nan")
+    return pointwise(lambda m, f: L.select(L.greater(f, L.const(0.0, "float32")), L.const(math.nan, out.dtype), m),
+                     [out, any_nan], out.dtype, node.name)
 
 
 # ---- gradients: the output's adjoint, reduced dims kept, broadcast back over the input
@@ -165,10 +180,15 @@ def _topk(node: OpNode) -> TensorValue | list[TensorValue]:
     values = on_first_load(node.kb, reduction(shape, [n], lambda idx, ks: x.load(at(idx, ks[0])), kind,
                                               L.compute_dtype(x.dtype), node.name + "_values"), node.name + "_values")
     values = cast_like(values, x.dtype)
+    if L.is_float(x.dtype):  # a NaN in the row is the row's max (min), at its first index, as in PyTorch
+        values = _nan_if_any(node, x, [axis], True, values)
     index_dtype = str(node.attr("dtype", "int64"))
 
     def first_index(idx, ks):
-        hit = L.equal(L.cast(x.load(at(idx, ks[0])), values.dtype), values.load(idx))
+        v, m = L.cast(x.load(at(idx, ks[0])), values.dtype), values.load(idx)
+        hit = L.equal(v, m)
+        if L.is_float(x.dtype):
+            hit = L.logical_or(hit, L.logical_and(L.isnan(v), L.isnan(m)))
         return L.select(hit, L.IndexValue(ks[0], index_dtype), L.Const(n, index_dtype))
 
     indices = on_first_load(node.kb, reduction(shape, [n], first_index, "min", index_dtype, node.name + "_indices"),
