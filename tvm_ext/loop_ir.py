@@ -408,9 +408,16 @@ def _floor_divide(a, b):
 
 @_binds_lets
 def _floor_mod(a, b):
-    if is_float(dtype_of(a)):
-        return a - te.floor(a / b) * b
-    return tirx.floormod(a, b)
+    """The remainder with the divisor's sign. For floats, as PyTorch and numpy: fmod, then the
+    divisor added where the signs differ (a - floor(a / b) * b gives NaN for an infinite b and
+    rounds the quotient)."""
+    dtype = dtype_of(a)
+    if not is_float(dtype):
+        return tirx.floormod(a, b)
+    zero = tirx.const(0, dtype)
+    r = tirx.Var("rem", dtype)
+    fix = tirx.Or(tirx.And(r < zero, b > zero), tirx.And(r > zero, b < zero))  # signs differ
+    return tirx.Let(r, _trunc_mod(a, b), tirx.Select(fix, r + b, r))
 
 
 def _trunc_mod(a, b):
@@ -440,12 +447,18 @@ def _minimum(a, b):
 
 @_binds_lets
 def _power(a, b):
-    """pow; a negative float base with a non-integer exponent is NaN, -inf included (libm's
-    powf(-inf, 0.5) is +inf, PyTorch's NaN)."""
-    if not is_float(dtype_of(a)):
+    """pow as PyTorch computes it: an exponent of 0.5 or -0.5 given as a number is sqrt or rsqrt
+    (so (-inf) ** 0.5 is NaN), any other is C's pow (pow(-inf, 0.5) is +inf, a finite negative
+    base with a non-integer exponent NaN)."""
+    dtype = dtype_of(a)
+    if not is_float(dtype):
         return te.power(a, b)
-    zero = tirx.const(0, dtype_of(a))
-    return tirx.Select(tirx.And(a < zero, te.floor(b) != b), tirx.const(float("nan"), dtype_of(a)), te.power(a, b))
+    if isinstance(b, tirx.FloatImm) and float(b.value) in (0.5, -0.5):
+        root = te.sqrt(a)
+        return root if float(b.value) > 0 else tirx.const(1.0, dtype) / root
+    zero, nan = tirx.const(0, dtype), tirx.const(float("nan"), dtype)
+    finite_negative = tirx.And(a < zero, a > tirx.const(float("-inf"), dtype))
+    return tirx.Select(tirx.And(finite_negative, te.floor(b) != b), nan, te.power(a, b))
 
 
 @_binds_lets

@@ -74,18 +74,18 @@ def _softmax(node: OpNode) -> TensorValue:
 
 @register_op("relax.nn.log_softmax", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_log_softmax)
 def _log_softmax(node: OpNode) -> TensorValue:
-    """x - (max + log(sum(exp(x - max)))).
+    """(x - max) - log(sum(exp(x - max))), PyTorch's order: x - (max + log(sum)) rounds the
+    log away when |max| is large (a row of 1e30 gave 0, not -log(n)).
 
-    The row's log-sum-exp is realized once per row, so the output is one subtraction an
-    element."""
+    The row's log-sum is realized once per row, so the output is two subtractions an element."""
     x = node.args[0]
     axis = normalize_axes([node.attr("axis")], x.ndim, node.name)
     cdt = L.compute_dtype(node.out_dtype)
     m = reduce(node.kb, x, axis, "max", True, cdt, node.name + "_max")
     e = pointwise(lambda v, mu: L.exp_nonpositive(v - mu), [x, m], cdt, node.name + "_exp")
     s = reduce(node.kb, e, axis, "sum", True, cdt, node.name + "_sum")
-    lse = node.kb.realize(pointwise(lambda mu, t: mu + L.log(t), [m, s], cdt, node.name + "_lse"))
-    return pointwise(lambda v, c: v - c, [x, lse], node.out_dtype, node.name)
+    log_sum = node.kb.realize(pointwise(L.log, [s], cdt, node.name + "_log_sum"))
+    return pointwise(lambda v, mu, c: (v - mu) - c, [x, m, log_sum], node.out_dtype, node.name)
 
 
 def _layer_norm_emit(bb, inputs, attrs, name):
