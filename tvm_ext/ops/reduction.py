@@ -52,7 +52,7 @@ def _nan_if_any(node: OpNode, x: TensorValue, axes, keepdims: bool, out: TensorV
     flag = pointwise(lambda v: L.select(L.isnan(v), L.const(1.0, "float32"), L.const(0.0, "float32")), [x],
                      "float32", node.name + "_isnan")
     any_nan = reduce(node.kb, flag, axes, "max", keepdims, "float32", node.name + "_any_nan")
-    return pointwise(lambda m, f: L.select(L.greater(f, L.const(0.0, "float32")), L.const(math.nan, out.dtype), m),
+    return pointwise(lambda m, f: L.select(L.greater(f, L.const(0.0, f.dtype)), L.const(math.nan, m.dtype), m),
                      [out, any_nan], out.dtype, node.name)
 
 
