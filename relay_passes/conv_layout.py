@@ -13,8 +13,9 @@ elementwise ops between convolutions in the blocked layout too: activations stay
 from one convolution to the next, and the only ``layout_transform``s left are at the
 graph's edges and around ops that need NCHW. Constant weights are transformed once, at
 compile time (FoldWeightLayout folds the ``layout_transform`` of a constant). A convolution
-whose channels are not multiples of ``b``, or that has groups, stays NCHW (ConvertLayout
-skips it).
+whose channels are not multiples of ``b``, or a depthwise one, stays NCHW (ConvertLayout
+skips it); grouped convolutions run blocked when their groups are whole blocks, and a graph
+with one whose groups are not stays NCHW throughout.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class BlockConvLayout:
         self.block = block
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        if not _has_nchw_conv(mod, self.block):
+        if not _has_nchw_conv(mod, self.block) or _splits_a_block(mod, self.block):
             return mod
         mod = rewrite_functions(mod, _FoldBatchNorm(mod))
         b = self.block
@@ -62,6 +63,28 @@ def _has_nchw_conv(mod: tvm.IRModule, block: int) -> bool:
     return bool(found)
 
 
+def _splits_a_block(mod: tvm.IRModule, block: int) -> bool:
+    """Whether a grouped (not depthwise) conv2d has groups of channels that are not whole blocks:
+    ConvertLayout would block it anyway, into a convolution no kernel computes."""
+    bad = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d"
+                and int(expr.attrs.groups) > 1):
+            w = expr.args[1].ty
+            if not isinstance(w, relax.TensorType) or w.shape is None:
+                bad.append(expr)
+                return
+            o, icg = (int(d) if isinstance(d, tvm.tirx.IntImm) else -1 for d in w.shape.values[:2])
+            groups = int(expr.attrs.groups)
+            if icg != 1 and (icg % block or (o // groups) % block):
+                bad.append(expr)
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(bad)
+
+
 @mutator
 class _FoldBatchNorm(PyExprMutator):
     """Inference ``batch_norm`` with constant parameters becomes ``x * scale + shift``."""
@@ -71,7 +94,8 @@ class _FoldBatchNorm(PyExprMutator):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.batch_norm") or call.attrs.training:
             return call
         consts = [bound_constant(self, a) for a in call.args[1:5]]
-        if any(c is None for c in consts) or not isinstance(call.args[0].ty, relax.TensorType):
+        ty = call.args[0].ty
+        if any(c is None for c in consts) or not isinstance(ty, relax.TensorType) or ty.shape is None:
             return call
         gamma, beta, mean, var = (c.value.numpy().astype(np.float64) for c in consts)
         attrs = call.attrs

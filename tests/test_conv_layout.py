@@ -103,3 +103,32 @@ def test_odd_channel_counts_stay_nchw_and_all_match_pytorch(fusion):
     layouts = [str(c.attrs.data_layout)
                for c in _calls(pipeline.prepare(from_torch(model, (x,)))["main"], "relax.nn.conv2d")]
     assert layouts == ["NCHW", "NCHW16c", "NCHW", "NCHW", "NCHW", "NCHW16c", "NCHW16c", "NCHW"]
+
+
+class Grouped(torch.nn.Module):
+    def __init__(self, last_groups: int):
+        super().__init__()
+        self.a = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 64, 3, padding=1, groups=2)  # groups of 16 in, 32 out: whole blocks
+        self.c = torch.nn.Conv2d(64, 32, 1, groups=last_groups)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+@pytest.mark.parametrize("last_groups, layouts", [
+    (1, ["NCHW16c", "NCHW16c", "NCHW16c"]),
+    (4, ["NCHW", "NCHW", "NCHW"]),  # 8 output channels a group would split a block: the graph stays NCHW
+])
+def test_grouped_convolutions_block_only_in_whole_blocks(last_groups, layouts):
+    torch.manual_seed(0)
+    model = Grouped(last_groups).eval()
+    x = torch.randn(1, 32, 6, 6)
+    pipeline = Pipeline()
+    compiled = pipeline.run(model, (x,))
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    from tvm_ext.frontends import from_torch
+    convs = _calls(pipeline.prepare(from_torch(model, (x,)))["main"], "relax.nn.conv2d")
+    assert [str(c.attrs.data_layout) for c in convs] == layouts
+    assert all(k.source == "ours" for k in compiled.report().kernels)

@@ -165,7 +165,7 @@ CONV2D = SymbolOp("conv2d", _conv2d_emit, inputs=("data", "weight", "bias"),
 @register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d, symbol=CONV2D)
 def _conv2d(node: OpNode) -> TensorValue:
     """Direct convolution with strides, padding, dilation and groups, NCHW x OIHW, or blocked
-    (NCHW[b]c x OIHW[b]i[b]o, groups 1; ``relay_passes.conv_layout``) where the output's
+    (NCHW[b]c x OIHW[b]i[b]o, groups in whole blocks; ``relay_passes.conv_layout``) where the output's
     channel block is the innermost axis: the register tile's vector.
 
     Padding is realized as a kernel-local stage so the reduction loop reads without bounds
@@ -184,19 +184,21 @@ def _conv2d(node: OpNode) -> TensorValue:
     acc = L.compute_dtype(L.promote_dtypes(x.dtype, w.dtype))
     shape = tuple(node.out_shape)
     if blocks is not None:
-        check_no_lowering(groups != 1, "a blocked conv2d with groups")
         if pt or pl or pb or pr:
             x = node.kb.realize(pad(x, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0]), node.name + "_pad")
         _, cb, _, _, ib = x.shape
-        _, _, kh, kw, _, _ = w.shape
+        obs, gcb, kh, kw, _, ob_size = w.shape  # gcb: a group's input blocks
+        ocg_blocks = obs // groups  # output blocks per group
+        check_no_lowering(cb != gcb * groups or obs % groups, "blocked conv2d groups that split a block")
 
         def blocked(idx, ks):
             b, ob, y, z, o = idx
             icb, ry, rx, ic = ks
-            xi = [b, icb, y * sh + ry * dh, z * sw + rx * dw, ic]
+            block = icb if groups == 1 else tirx.floordiv(ob, ocg_blocks) * gcb + icb
+            xi = [b, block, y * sh + ry * dh, z * sw + rx * dw, ic]
             return L.cast(x.load(xi), acc) * L.cast(w.load([ob, icb, ry, rx, ic, o]), acc)
 
-        out = reduce_stage(node.kb, shape, [cb, kh, kw, ib], blocked, "sum", acc, node.name)
+        out = reduce_stage(node.kb, shape, [gcb, kh, kw, ib], blocked, "sum", acc, node.name)
         return cast_value(out, node.out_dtype)
     n, c, h, wd = x.shape
     oc, icg, kh, kw = w.shape
