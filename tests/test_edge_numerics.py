@@ -150,6 +150,17 @@ def test_a_sum_of_2_26_ones_is_exact():
     assert float(_sum_model((1 << 26,))(np.ones(1 << 26, np.float32))) == float(1 << 26)
 
 
+@pytest.mark.parametrize("log_n", [26, pytest.param(28, marks=pytest.mark.slow)])
+def test_a_long_sum_is_within_pytorchs_error(log_n):
+    # lanes of float32 partial sums per block, then the partials in float64: 2^26 uniform values
+    # 2.8e-8 off (PyTorch 2.8e-8; float32 partials of partials gave 1.5e-7), 2^28 8.0e-9 (6.8e-8)
+    x = np.random.default_rng(0).random(1 << log_n, dtype=np.float32)
+    exact = x.astype(np.float64).sum()
+    ours = abs(float(_sum_model(x.shape)(x)) / exact - 1)
+    theirs = abs(float(torch.from_numpy(x).sum()) / exact - 1)
+    assert ours <= max(theirs, 2 ** -24), (ours, theirs)  # PyTorch's error, or the result's own rounding
+
+
 @pytest.mark.parametrize("shape,axes,keepdims", [
     ((1 << 24,), None, False),
     ((4096, 4099), None, True),  # over two axes, the last not a multiple of the block

@@ -317,7 +317,8 @@ def reduce(kb: KernelBuilder, value: TensorValue, axes: Sequence[int] | None, ki
 # A float sum over more than BLOCKED_SUM_ABOVE elements adds at most SUM_BLOCK of them into
 # one partial before the partials are summed in turn: its error grows with the number of
 # levels, not with n. One sequential float32 accumulator stalls at 2^24: 2^26 ones summed to
-# 2^25, and a sum of 2^28 uniform values was 75% off (now 1.1e-7; blocks of 2^16: 3.7e-7).
+# 2^25, and a sum of 2^28 uniform values was 75% off (float32 partials: 1.1e-7; a long last
+# axis in lanes with float64 partials, _lane_blocked_sum: 8.0e-9, PyTorch 6.8e-8).
 # Shorter sums (softmax rows, norms) keep their single stage and its schedules.
 SUM_BLOCK = 1 << 12
 BLOCKED_SUM_ABOVE = 1 << 16
@@ -336,6 +337,8 @@ def _blocked_sum(kb: KernelBuilder, value: TensorValue, axes: list[int], keepdim
         return reduce(kb, partial, axes, "sum", keepdims, out_dtype, name, blocked_above=SUM_BLOCK)
     d, n = long[-1], extents[-1]  # the last axis alone is too long: (blocks, SUM_BLOCK)
     blocks = -(-n // SUM_BLOCK)
+    if d == value.ndim - 1 and L.is_float(value.dtype):
+        return _lane_blocked_sum(kb, value, axes, keepdims, out_dtype, name, out_shape, blocks)
     shape = (*value.shape[:d], blocks, SUM_BLOCK, *value.shape[d + 1:])
     zero = L.const(0, value.dtype)
 
@@ -349,6 +352,35 @@ def _blocked_sum(kb: KernelBuilder, value: TensorValue, axes: list[int], keepdim
     split = TensorValue(shape, value.dtype, padded, value.name)
     split_axes = [a if a <= d else a + 1 for a in axes] + [d + 1]  # d: the blocks, d + 1: in a block
     total = reduce(kb, split, sorted(split_axes), "sum", False, out_dtype, name, blocked_above=SUM_BLOCK)
+    return reshape(total, out_shape) if keepdims else total
+
+
+SUM_LANES = 16
+
+
+def _lane_blocked_sum(kb: KernelBuilder, value: TensorValue, axes: list[int], keepdims: bool, out_dtype: str,
+                      name: str, out_shape: Shape, blocks: int) -> TensorValue:
+    """A float sum whose last axis is too long: each block of ``SUM_BLOCK`` elements into
+    ``SUM_LANES`` partial sums (lane j adds the block's elements j, j + SUM_LANES, ...: a
+    reduction over a middle axis, vectorized over the lanes, no rfactor), then every partial in
+    float64. The partials' rounding was most of a blocked float32 sum's error."""
+    d, n = value.ndim - 1, value.shape[-1]
+    per_lane = SUM_BLOCK // SUM_LANES
+    shape = (*value.shape[:d], blocks, per_lane, SUM_LANES)
+    zero = L.const(0, value.dtype)
+
+    def padded(i):
+        flat = i[d] * SUM_BLOCK + i[d + 1] * SUM_LANES + i[d + 2]
+        element = (*i[:d], flat)
+        if isinstance(flat, int):
+            return value.load(element) if flat < n else zero
+        return L.Select(L.IndexValue(flat < n, "bool"), value.load(element), zero, guarded=True)
+
+    split = TensorValue(shape, value.dtype, padded, value.name)
+    partial = reduce(kb, split, [d + 1], "sum", False, L.compute_dtype(out_dtype), name + "_part", blocked_above=1 << 62)
+    rest = [a for a in axes if a != d] + [d, d + 1]  # the other reduced axes, the blocks, the lanes
+    total = reduce(kb, partial, sorted(rest), "sum", False, "float64", name + "_total", blocked_above=1 << 62)
+    total = cast_value(total, out_dtype)
     return reshape(total, out_shape) if keepdims else total
 
 
