@@ -211,3 +211,18 @@ def test_random_graphs_agree_with_numpy(graph):
 @given(graphs(), st.integers(0, 2 ** 16))
 def test_random_graphs_agree_with_numpy_long(graph, seed):
     check_graph(*graph, seed=seed)
+
+
+# graphs the fuzzer found failing, kept as they were drawn
+FOUND = {
+    # max(x, x) + tanh(x - max(x, x)): the CSE Let of max(x, x), which TVM simplifies to x, made
+    # TVM's analyzer bind tanh's variable twice ("Binding of variable x ... conflicts")
+    "cse_of_a_load": ([("x0", (2,))], [("binary", 3, (0, 0)), ("binary", 1, (0, 1)), ("unary", 0, (2,)),
+                                        ("unary", 0, (0,)), ("unary", 0, (0,)), ("unary", 0, (0,)),
+                                        ("binary", 0, (1, 3))], [7], "autofuse"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_graphs_the_fuzzer_found(name):
+    check_graph(*FOUND[name])

@@ -592,6 +592,16 @@ def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
     return _translate_cse(expr, exact_math)
 
 
+_ANALYZER = tvm.sym.Analyzer()
+
+
+def _is_load(expr) -> bool:
+    """A tensor read: TE's ``tensor_load`` call, or a buffer load."""
+    if isinstance(expr, tvm.ir.Call):
+        return getattr(expr.op, "name", "") == "te.tensor_load"
+    return type(expr).__name__ in ("BufferLoad", "ProducerLoad")
+
+
 def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
     parents: dict[int, int] = {}
     guarded: set[int] = set()
@@ -616,6 +626,12 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         # a boolean stays inline: once vectorized, TVM's analyzer cannot bind a bool-vector Let
         # (it builds an IntImm of type boolx8 and fails)
         if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)) and node.dtype != "bool":
+            if count_nodes(node) <= 16:  # a value TVM simplifies to a load stays inline: a Let of
+                # max(a, a) bound to a, then x = a - cse, made TVM's analyzer bind x twice and fail
+                simple = _ANALYZER.simplify(out)
+                if isinstance(simple, (tirx.Var, tirx.IntImm, tirx.FloatImm)) or _is_load(simple):
+                    memo[key] = simple
+                    return simple
             var = tirx.Var(f"cse{len(lets)}", node.dtype)
             lets.append((var, out))
             out = var
