@@ -43,46 +43,48 @@ class BlockConvLayout:
         return relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{b}c", f"OIHW{b}i{b}o"]})(mod)
 
 
-def _has_nchw_conv(mod: tvm.IRModule, block: int) -> bool:
-    """Whether a float32 NCHW conv2d without groups has channels in whole blocks."""
+def _convs(mod: tvm.IRModule) -> list[relax.Call]:
+    """Every conv2d call of the module's Relax functions."""
     found = []
 
     def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d"
-                and str(expr.attrs.data_layout) == "NCHW" and int(expr.attrs.groups) == 1):
-            x, w = (a.ty for a in expr.args)
-            if (isinstance(x, relax.TensorType) and isinstance(w, relax.TensorType) and str(x.dtype) == "float32"
-                    and x.shape is not None and w.shape is not None):
-                c, o = x.shape.values[1], w.shape.values[0]
-                if isinstance(c, tvm.tirx.IntImm) and isinstance(o, tvm.tirx.IntImm) and \
-                        int(c) % block == 0 and int(o) % block == 0:
-                    found.append(expr)
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d":
+            found.append(expr)
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    return bool(found)
+    return found
+
+
+def _dims(ty) -> list | None:
+    """Each dim of a tensor type, an int where static, None where symbolic; None for no shape."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values]
+
+
+def _has_nchw_conv(mod: tvm.IRModule, block: int) -> bool:
+    """Whether a float32 NCHW conv2d without groups has channels in whole blocks."""
+    for conv in _convs(mod):
+        x, w = (_dims(a.ty) for a in conv.args[:2])
+        if (str(conv.attrs.data_layout) == "NCHW" and int(conv.attrs.groups) == 1 and x and w
+                and str(conv.args[0].ty.dtype) == "float32" and None not in (x[1], w[0])
+                and x[1] % block == 0 and w[0] % block == 0):
+            return True
+    return False
 
 
 def _splits_a_block(mod: tvm.IRModule, block: int) -> bool:
     """Whether a grouped (not depthwise) conv2d has groups of channels that are not whole blocks:
     ConvertLayout would block it anyway, into a convolution no kernel computes."""
-    bad = []
-
-    def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d"
-                and int(expr.attrs.groups) > 1):
-            w = expr.args[1].ty
-            if not isinstance(w, relax.TensorType) or w.shape is None:
-                bad.append(expr)
-                return
-            o, icg = (int(d) if isinstance(d, tvm.tirx.IntImm) else -1 for d in w.shape.values[:2])
-            groups = int(expr.attrs.groups)
-            if icg != 1 and (icg % block or (o // groups) % block):
-                bad.append(expr)
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return bool(bad)
+    for conv in _convs(mod):
+        groups = int(conv.attrs.groups)
+        if groups == 1:
+            continue
+        w = _dims(conv.args[1].ty)
+        if w is None or None in w[:2] or (w[1] != 1 and (w[1] % block or (w[0] // groups) % block)):
+            return True
+    return False
 
 
 @mutator

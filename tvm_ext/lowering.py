@@ -339,20 +339,27 @@ def _blocked_sum(kb: KernelBuilder, value: TensorValue, axes: list[int], keepdim
     blocks = -(-n // SUM_BLOCK)
     if d == value.ndim - 1 and L.is_float(value.dtype):
         return _lane_blocked_sum(kb, value, axes, keepdims, out_dtype, name, out_shape, blocks)
-    shape = (*value.shape[:d], blocks, SUM_BLOCK, *value.shape[d + 1:])
+    split = _split_axis(value, d, (blocks, SUM_BLOCK))
+    split_axes = [a if a <= d else a + 1 for a in axes] + [d + 1]  # d: the blocks, d + 1: in a block
+    total = reduce(kb, split, sorted(split_axes), "sum", False, out_dtype, name, blocked_above=SUM_BLOCK)
+    return reshape(total, out_shape) if keepdims else total
+
+
+def _split_axis(value: TensorValue, d: int, sizes: Sequence[int]) -> TensorValue:
+    """Axis ``d`` of ``value`` as the axes ``sizes`` (row-major), zero past its end."""
+    n, k, strides = value.shape[d], len(sizes), _strides(sizes)
     zero = L.const(0, value.dtype)
 
     def padded(i):
-        flat = i[d] * SUM_BLOCK + i[d + 1]
-        element = (*i[:d], flat, *i[d + 2:])
+        flat = i[d] * strides[0]
+        for j in range(1, k):
+            flat = flat + i[d + j] * strides[j]
+        element = (*i[:d], flat, *i[d + k:])
         if isinstance(flat, int):
             return value.load(element) if flat < n else zero
         return L.Select(L.IndexValue(flat < n, "bool"), value.load(element), zero, guarded=True)
 
-    split = TensorValue(shape, value.dtype, padded, value.name)
-    split_axes = [a if a <= d else a + 1 for a in axes] + [d + 1]  # d: the blocks, d + 1: in a block
-    total = reduce(kb, split, sorted(split_axes), "sum", False, out_dtype, name, blocked_above=SUM_BLOCK)
-    return reshape(total, out_shape) if keepdims else total
+    return TensorValue((*value.shape[:d], *sizes, *value.shape[d + 1:]), value.dtype, padded, value.name)
 
 
 SUM_LANES = 16
@@ -364,19 +371,8 @@ def _lane_blocked_sum(kb: KernelBuilder, value: TensorValue, axes: list[int], ke
     ``SUM_LANES`` partial sums (lane j adds the block's elements j, j + SUM_LANES, ...: a
     reduction over a middle axis, vectorized over the lanes, no rfactor), then every partial in
     float64. The partials' rounding was most of a blocked float32 sum's error."""
-    d, n = value.ndim - 1, value.shape[-1]
-    per_lane = SUM_BLOCK // SUM_LANES
-    shape = (*value.shape[:d], blocks, per_lane, SUM_LANES)
-    zero = L.const(0, value.dtype)
-
-    def padded(i):
-        flat = i[d] * SUM_BLOCK + i[d + 1] * SUM_LANES + i[d + 2]
-        element = (*i[:d], flat)
-        if isinstance(flat, int):
-            return value.load(element) if flat < n else zero
-        return L.Select(L.IndexValue(flat < n, "bool"), value.load(element), zero, guarded=True)
-
-    split = TensorValue(shape, value.dtype, padded, value.name)
+    d = value.ndim - 1
+    split = _split_axis(value, d, (blocks, SUM_BLOCK // SUM_LANES, SUM_LANES))
     partial = reduce(kb, split, [d + 1], "sum", False, L.compute_dtype(out_dtype), name + "_part", blocked_above=1 << 62)
     rest = [a for a in axes if a != d] + [d, d + 1]  # the other reduced axes, the blocks, the lanes
     total = reduce(kb, partial, sorted(rest), "sum", False, "float64", name + "_total", blocked_above=1 << 62)
