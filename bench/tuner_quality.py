@@ -6,11 +6,17 @@
 2. The tuner is replayed on each task with those measurements as its measurer (the same
    loop as a real run: the heuristic first, then batches ranked by the cost model plus
    exploration), for several seeds: how many trials until it holds a candidate within 95%
-   of the exhaustive best? Cold (a fresh model) and warm (the model first trained on the
-   other tasks' records: transfer), against random search's expectation.
-3. The cost model's quality on held-out candidates (trained on the other tasks plus half of
-   this one): pairwise ranking accuracy and the share of the best found by measuring only
-   its top-k, with our features alone and with TVM's PerStoreFeature added.
+   of the exhaustive best? Cold (a fresh model) and warm (given the other tasks' records:
+   the tuner transfers from those of the same kernel class, and falls back to cold when
+   they rank the task's first measurements worse than chance), against random search's
+   expectation.
+3. The cost model's quality on held-out candidates (trained as the tuner trains it: half of
+   the task's own candidates plus the same-class tasks'): pairwise ranking accuracy and the
+   share of the best found by measuring only its top-k, with our features alone and with
+   TVM's PerStoreFeature added.
+
+Features are computed afresh from each record's candidate (not read from the records), so a
+change of features is measured on the same timings.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -34,9 +41,9 @@ from tvm import relax  # noqa: E402
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality  # noqa: E402
 from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
 from schedules.features import candidate_features, per_store_features  # noqa: E402
-from schedules.search_space import candidate_key, enumerate_space  # noqa: E402
+from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
 from schedules.tasks import Task  # noqa: E402
-from schedules.tuner import TuneOptions, Tuner  # noqa: E402
+from schedules.tuner import TuneOptions, Tuner, likeness  # noqa: E402
 from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
 
 R = relax.op
@@ -83,10 +90,35 @@ def _linear_relu(m: int, k: int, n: int):
     return _module(build)
 
 
+def _softmax(rows: int, cols: int):
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                gv = bb.emit_output(R.nn.softmax(x))
+            bb.emit_func_output(gv)
+    return _module(build)
+
+
+def _linear_gelu(m: int, k: int, n: int):
+    rng = np.random.default_rng(1)
+    w = relax.const(rng.standard_normal((k, n)).astype("float32") / math.sqrt(k))
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((m, k), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                gv = bb.emit_output(R.nn.gelu(R.matmul(x, w)))
+            bb.emit_func_output(gv)
+    return _module(build)
+
+
 def workloads(quick: bool) -> dict[str, tvm.IRModule]:
+    """Two kernel classes, each with tasks of several sizes (what transfer draws on)."""
     s = 4 if quick else 1
     return {"layer_norm": _layer_norm(2048 // s, 768), "log_softmax": _log_softmax(1024 // s, 1024),
-            "linear_relu": _linear_relu(128 // s, 256, 512)}
+            "softmax": _softmax(4096 // s, 256), "linear_relu": _linear_relu(128 // s, 256, 512),
+            "linear_gelu": _linear_gelu(256 // s, 512, 256)}
 
 
 # ---------------------------------------------------------------------- 1. exhaustive
@@ -101,7 +133,9 @@ def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: 
         for (c, r), (times, error) in zip(chunk, measurer(task, [r for _, r in chunk])):
             feats = [float(x) for x in candidate_features(r, task.machine)]
             db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c},
-                                   times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name))
+                                   times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name,
+                                   cpu=task.machine.cpu, vector_bits=task.machine.vector_bits,
+                                   kernel_class=task.kernel_class))
         print(f"  {task.name}: {min(i + batch, len(todo))}/{len(todo)} measured "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return {candidate_key(r.candidate["steps"]): r.median_ms for r in db.records(task.key, task.target)}
@@ -136,21 +170,19 @@ class Oracle:
 
 
 def trials_to_95(task: Task, times: dict[str, float], seed: int, transfer: list[Sample], cap: int,
-                 per_store: bool) -> int | None:
-    """Trials until the replayed tuner holds a candidate within 95% of the exhaustive best."""
+                 per_store: bool) -> tuple[int | None, str]:
+    """Trials until the replayed tuner holds a candidate within 95% of the exhaustive best,
+    and how the tuner started the task's model (warm, or cold and why)."""
     oracle = Oracle(times)
     with tempfile.TemporaryDirectory() as tmp:
         db = TuningDatabase(Path(tmp) / "replay.jsonl")
-        model = CostModel(seed=seed)
-        if transfer:
-            model.update(list(transfer))
         options = TuneOptions(trials=cap, batch=8, verify=False, seed=seed, space_limit=100_000, per_store=per_store)
+        tuner = Tuner([task], db, oracle, options, transfer=transfer, progress=lambda s: None)
         try:
-            Tuner([task], db, oracle, options, model=model, progress=lambda s: None).tune()
+            tuner.tune()
         except Reached:
             pass
-    return oracle.hit
-
+    return oracle.hit, tuner._start.get(task.key, "cold (judged before it had enough measurements)")
 
 def random_expectation(times: dict[str, float]) -> float:
     """Expected trials for random search without replacement to hit a candidate within 95%."""
@@ -161,21 +193,44 @@ def random_expectation(times: dict[str, float]) -> float:
 
 # ---------------------------------------------------------------------- 3. model quality
 def held_out_quality(samples: dict[str, list[Sample]], k: int = 3, seeds: int = 5) -> dict:
-    accs, tops = [], []
+    """Per task and seed: train on half of its candidates plus the same-class tasks' (weighted
+    as the tuner weighs them), score the other half."""
+    accs, tops = {}, {}
     for seed in range(seeds):
         rng = random.Random(seed)
         for name, own in samples.items():
             ok = [s for s in own if math.isfinite(s.ms)]
             rng.shuffle(ok)
             held, train = ok[:len(ok) // 2], ok[len(ok) // 2:]
-            train += [s for other, ss in samples.items() if other != name for s in ss]
+            fade = 8 / (8 + len(train))
+            train += [replace(s, weight=fade * likeness(own[0].features, s.features))
+                      for other, ss in samples.items() if other != name for s in ss
+                      if s.kernel_class == own[0].kernel_class]
             model = CostModel(seed=seed)
             model.fit(train)
             scores = model.predict(np.stack([s.features for s in held]))
             times = np.array([s.ms for s in held])
-            accs.append(pairwise_accuracy(scores, times))
-            tops.append(top_k_quality(scores, times, k))
-    return {"pairwise_accuracy": float(np.mean(accs)), f"top_{k}_quality": float(np.mean(tops))}
+            accs.setdefault(name, []).append(pairwise_accuracy(scores, times))
+            tops.setdefault(name, []).append(top_k_quality(scores, times, k))
+    per_task = {n: {"pairwise_accuracy": float(np.mean(accs[n])), f"top_{k}_quality": float(np.mean(tops[n]))}
+                for n in accs}
+    return {"pairwise_accuracy": float(np.mean([t["pairwise_accuracy"] for t in per_task.values()])),
+            f"top_{k}_quality": float(np.mean([t[f"top_{k}_quality"] for t in per_task.values()])),
+            "tasks": per_task}
+
+
+def fresh_samples(task: Task, db: TuningDatabase, per_store: bool = False) -> list[Sample]:
+    """A sample per successful record of ``task``, its features computed from its candidate now."""
+    out = []
+    for r in db.records(task.key, task.target):
+        if not r.ok:
+            continue
+        result = apply_candidate(task.func, task.machine, r.candidate["steps"], task.name)
+        feats = candidate_features(result, task.machine)
+        if per_store:
+            feats = np.concatenate([feats, per_store_features(result, tvm.target.Target(task.target))])
+        out.append(Sample(task.key, feats, r.median_ms, 1.0, task.kernel_class))
+    return out
 
 
 def main(argv=None) -> int:
@@ -195,44 +250,39 @@ def main(argv=None) -> int:
         print(f"{name}: kernel {task.name}", file=sys.stderr)
         tasks[name], times[name] = task, exhaustive(task, db, measurer)
 
-    own = {n: [Sample(t.key, np.asarray(r.features, "float32"), r.median_ms)
-               for r in db.records(t.key, t.target) if r.features is not None] for n, t in tasks.items()}
+    own = {n: fresh_samples(t, db) for n, t in tasks.items()}
     rows = []
     for name, task in tasks.items():
         ok = {k: v for k, v in times[name].items() if math.isfinite(v)}
         cap = len(ok)
         transfer = [s for other, ss in own.items() if other != name for s in ss]
-        cold = [trials_to_95(task, ok, s, [], cap, False) for s in range(seeds)]
-        warm = [trials_to_95(task, ok, s, transfer, cap, False) for s in range(seeds)]
-        rows.append({"task": name, "kernel": task.name, "space": len(times[name]), "ok": len(ok),
-                     "best_ms": min(ok.values()), "random_expected": random_expectation(ok),
+        cold = [trials_to_95(task, ok, s, [], cap, False)[0] for s in range(seeds)]
+        warm_runs = [trials_to_95(task, ok, s, transfer, cap, False) for s in range(seeds)]
+        warm = [hit for hit, _ in warm_runs]
+        rows.append({"task": name, "kernel": task.name, "class": task.kernel_class, "space": len(times[name]),
+                     "ok": len(ok), "best_ms": min(ok.values()), "random_expected": random_expectation(ok),
                      "cold_median": statistics.median(x or cap for x in cold),
-                     "warm_median": statistics.median(x or cap for x in warm), "cold": cold, "warm": warm})
-    quality = {"ours": held_out_quality(own)}
-    psf = {n: [Sample(s.task, np.concatenate([s.features, per_store_features(r, tvm.target.Target(tasks[n].target))]),
-                      s.ms) for s, r in zip(own[n], _results(tasks[n], db))] for n in tasks}
-    quality["ours+per_store"] = held_out_quality(psf)
+                     "warm_median": statistics.median(x or cap for x in warm), "cold": cold, "warm": warm,
+                     "warm_start": [start for _, start in warm_runs]})
+        print(f"  replayed {name}: cold {cold}, warm {warm}", file=sys.stderr)
+    quality = {"ours": held_out_quality(own),
+               "ours+per_store": held_out_quality({n: fresh_samples(t, db, per_store=True) for n, t in tasks.items()})}
 
-    print(f"\n{'task':12s} {'space':>5s} {'best ms':>8s} {'random':>7s} {'cold':>6s} {'warm':>6s}  "
+    print(f"\n{'task':12s} {'class':22s} {'space':>5s} {'best ms':>8s} {'random':>7s} {'cold':>6s} {'warm':>6s}  "
           "(trials to 95% of the exhaustive best; medians over seeds)")
     for r in rows:
-        print(f"{r['task']:12s} {r['space']:5d} {r['best_ms']:8.4f} {r['random_expected']:7.1f} "
+        print(f"{r['task']:12s} {r['class']:22s} {r['space']:5d} {r['best_ms']:8.4f} {r['random_expected']:7.1f} "
               f"{r['cold_median']:6.1f} {r['warm_median']:6.1f}  = {100 * r['warm_median'] / r['ok']:.1f}% "
-              f"of the space (warm), {100 * r['cold_median'] / r['ok']:.1f}% (cold)")
+              f"of the space (warm), {100 * r['cold_median'] / r['ok']:.1f}% (cold); warm start: "
+              f"{', '.join(sorted(set(s.split(' (')[0] for s in r['warm_start'])))}")
     for name, q in quality.items():
         print(f"model ({name}): held-out pairwise accuracy {q['pairwise_accuracy']:.3f}, "
-              f"top-3 finds {q['top_3_quality']:.1%} of the best")
+              f"top-3 finds {q['top_3_quality']:.1%} of the best  ("
+              + ", ".join(f"{t} {v['pairwise_accuracy']:.3f}/{v['top_3_quality']:.1%}" for t, v in q["tasks"].items())
+              + ")")
     if args.json:
         Path(args.json).write_text(json.dumps({"tasks": rows, "quality": quality}, indent=1))
     return 0
-
-
-def _results(task: Task, db: TuningDatabase):
-    """The ScheduleResult of each record with features, in record order (for PerStoreFeature)."""
-    from schedules.search_space import apply_candidate
-    for r in db.records(task.key, task.target):
-        if r.features is not None:
-            yield apply_candidate(task.func, task.machine, r.candidate["steps"], task.name)
 
 
 if __name__ == "__main__":

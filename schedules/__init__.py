@@ -51,16 +51,25 @@ class ScheduleKernels:
             if ours or self.all_kernels:
                 if not ours:
                     func = inline_intermediates(func)
-                tuned = self._tuned(func, machine, gv.name_hint)
-                result = tuned or schedule_kernel(func, machine, master_is_anchor(func), gv.name_hint)
+                here = machine
+                own_target = func.attrs.get("target") if func.attrs is not None else None
+                if own_target is not None:  # a kernel placed on another device (PlaceDevice)
+                    here = Machine.for_target(own_target)
+                untuned = schedule_kernel(func, here, master_is_anchor(func), gv.name_hint)
+                # tuning records are of the pipeline's target: they apply to kernels built for it
+                tuned = self._tuned(func, here, gv.name_hint, untuned) if here == machine else None
+                result = tuned or untuned
                 summary = result.summary() + (" [tuned]" if tuned is not None else "")
                 out[gv] = result.func.with_attr(attrs.SCHEDULE, summary)
         return out
 
-    def _tuned(self, func: tirx.PrimFunc, machine: Machine, name: str) -> ScheduleResult | None:
+    def _tuned(self, func: tirx.PrimFunc, machine: Machine, name: str,
+               untuned: ScheduleResult) -> ScheduleResult | None:
+        """The best record's schedule, if it beats the heuristic's (``ApplyHistoryBest.lookup``)."""
         from schedules.search_space import CandidateError, apply_candidate
 
-        candidate = self.history.lookup(func) if self.history is not None else None
+        heuristic = [[label, dict(knobs)] for label, knobs in untuned.choices]
+        candidate = self.history.lookup(func, heuristic) if self.history is not None else None
         if candidate is None:
             return None
         try:

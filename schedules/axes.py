@@ -136,7 +136,7 @@ class ImplGraph:
                      (name,), inner_name, reduce=axis.reduce)
         inner_axis = Axis(inner_name, inner_type, inner, inner_sym, (name,), outer_name, reduce=axis.reduce)
         self.axis[i:i + 1] = [outer, inner_axis]
-        self.steps.append(Step(op, (name,), (inner, outer_name, inner_name)))
+        self.steps.append(Step(op, (name,), (inner, outer_name, inner_name, axis.size)))
         if self.sch is not None:
             lo, li = self.sch.split(self.loops.pop(name), [None, inner])
             self.loops[outer_name], self.loops[inner_name] = lo, li

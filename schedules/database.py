@@ -38,7 +38,11 @@ def candidate_key(candidate: dict) -> str:
 
 @dataclass
 class TuningRecord:
-    """One measurement of one candidate of one task on one target (``times_ms`` one per repeat)."""
+    """One measurement of one candidate of one task on one target (``times_ms`` one per repeat).
+
+    ``cpu`` and ``vector_bits`` say which machine measured it ("" and 0 in records written
+    before they existed, or where the CPU is not known): ``matches`` keeps a schedule timed
+    for one vector width and cache from being applied on another machine."""
 
     task: str
     target: str
@@ -49,6 +53,19 @@ class TuningRecord:
     timestamp: float = field(default_factory=time.time)
     kernel: str = ""  # the kernel's name in the model, for people reading the file
     features: list[float] | None = None  # the cost model's features of the candidate
+    cpu: str = ""  # the measuring CPU's model (schedules.host_cpu), "" where unknown
+    vector_bits: int = 0  # the target's vector width, 0 where unknown
+    kernel_class: str = ""  # the kernel's blocks by kind (``schedules.tasks.kernel_class``): transfer's key
+
+    def matches(self, machine) -> bool:
+        """Whether this record may be applied on ``machine`` (a ``schedules.analysis.Machine``)
+        of the record's own target: same vector width, and same CPU where both are known."""
+        return ((not self.vector_bits or self.vector_bits == machine.vector_bits)
+                and (not self.cpu or not machine.cpu or self.cpu == machine.cpu))
+
+    @property
+    def measured_on(self) -> str:
+        return f"{self.cpu or 'an unnamed CPU'}, {self.vector_bits or '?'}-bit vectors, target {self.target}"
 
     @property
     def ok(self) -> bool:
@@ -95,6 +112,8 @@ def _check_types(r: TuningRecord) -> None:
         ("error", r.error is None or isinstance(r.error, str)), ("version", isinstance(r.version, str)),
         ("timestamp", number(r.timestamp)), ("kernel", isinstance(r.kernel, str)),
         ("features", r.features is None or (isinstance(r.features, list) and all(number(x) for x in r.features))),
+        ("cpu", isinstance(r.cpu, str)), ("kernel_class", isinstance(r.kernel_class, str)),
+        ("vector_bits", isinstance(r.vector_bits, int) and not isinstance(r.vector_bits, bool)),
     ] if not good]
     if problems:
         raise ValueError(f"task {r.task!r}: fields {problems} have the wrong type or a non-finite number")
@@ -108,6 +127,7 @@ class TuningDatabase:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._records: list[TuningRecord] = []
         self._by_task: dict[tuple[str, str], list[TuningRecord]] = {}
+        self._by_kernel: dict[str, list[TuningRecord]] = {}
         if self.path.exists():
             self._load()
 
@@ -125,6 +145,7 @@ class TuningDatabase:
     def _add(self, record: TuningRecord) -> None:
         self._records.append(record)
         self._by_task.setdefault((record.task, record.target), []).append(record)
+        self._by_kernel.setdefault(record.task, []).append(record)
 
     def append(self, record: TuningRecord) -> None:
         """Write ``record`` as one line and fsync it; after a killed writer's partial line,
@@ -147,6 +168,8 @@ class TuningDatabase:
         """Records in file order, of one task and/or target if given."""
         if task is not None and target is not None:
             return list(self._by_task.get((task, target), []))
+        if task is not None:
+            return list(self._by_kernel.get(task, []))
         return [r for r in self._records
                 if (task is None or r.task == task) and (target is None or r.target == target)]
 

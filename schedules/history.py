@@ -9,8 +9,12 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import warnings
 
+import tvm
 from tvm import tirx
+
+from schedules.analysis import Machine
 
 from schedules.database import TuningDatabase, TuningRecord
 from schedules.search_space import Candidate, candidate_key
@@ -41,12 +45,37 @@ def pooled_ms(records: list[TuningRecord], candidate: Candidate) -> float:
 
 
 class ApplyHistoryBest:
-    """The best recorded candidate of each kernel for one target."""
+    """The best recorded candidate of each kernel for one target, from records measured on a
+    matching machine only (``TuningRecord.matches``); the others are counted in ``skipped``
+    and named in one warning per machine they came from."""
 
     def __init__(self, db: TuningDatabase | str | os.PathLike, target):
         self.db = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
         self.target = target_key(target)
+        self.machine = Machine.for_target(tvm.target.Target(self.target))
+        self.skipped: dict[str, int] = {}  # where the records were measured -> how many were left out
 
-    def lookup(self, func: tirx.PrimFunc) -> Candidate | None:
-        best = pooled_best(self.db.records(kernel_key(func), self.target))
-        return None if best is None else best[0]
+    #: How much faster than the untuned schedule a record must be to replace it: the repeats of
+    #: one kernel spread by ~6% here, so a smaller lead is as likely noise as speed.
+    margin = 0.03
+
+    def lookup(self, func: tirx.PrimFunc, untuned: Candidate | None = None) -> Candidate | None:
+        """The best record's candidate; None when there is none, or when ``untuned`` (the
+        heuristic's choice) was measured too and the best is not ``margin`` faster than it."""
+        mine = []
+        for r in self.db.records(kernel_key(func)):
+            if r.target == self.target and r.matches(self.machine):
+                mine.append(r)
+                continue
+            if r.measured_on not in self.skipped:
+                warnings.warn(f"tuning database {self.db.path}: records measured on {r.measured_on} are not "
+                              f"applied here ({self.machine.cpu or 'this CPU'}, {self.machine.vector_bits}-bit "
+                              f"vectors, target {self.target}): tune on this machine to use the database here",
+                              stacklevel=2)
+            self.skipped[r.measured_on] = self.skipped.get(r.measured_on, 0) + 1
+        best = pooled_best(mine)
+        if best is None:
+            return None
+        if untuned is not None and best[1] > (1 - self.margin) * pooled_ms(mine, untuned):
+            return None
+        return best[0]

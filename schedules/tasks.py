@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
-from schedules.analysis import Machine
+from schedules.analysis import Machine, block_infos
 from tvm_ext import attrs
 
 
@@ -29,6 +29,10 @@ class Task:
     fuse_epilogue: bool = True  # what the heuristic does with an anchor's epilogue
 
     @functools.cached_property
+    def kernel_class(self) -> str:
+        return kernel_class(self.func)
+
+    @functools.cached_property
     def machine(self) -> Machine:
         """The target as schedules see it (read once: every candidate applied asks for it)."""
         return Machine.for_target(tvm.target.Target(self.target))
@@ -38,6 +42,12 @@ def kernel_key(func: tirx.PrimFunc) -> str:
     """Structural hash of a kernel's parameters and body (its name and attributes left out)."""
     bare = tirx.PrimFunc(func.params, func.body, func.ret_type)
     return f"{tvm_ffi.structural_hash(bare) & (2 ** 64 - 1):016x}"
+
+
+def kernel_class(func: tirx.PrimFunc) -> str:
+    """The kinds of a kernel's blocks, e.g. "pointwise+row_reduce": kernels of one class are
+    scheduled by the same policies, so their measurements say most about each other."""
+    return "+".join(sorted({i.kind for i in block_infos(s_tir.Schedule(tvm.IRModule({"main": func})))}))
 
 
 def target_key(target: tvm.target.Target | str) -> str:

@@ -7,14 +7,22 @@ cost model ranks a pool of not-yet-measured candidates, the batch takes the top 
 a few random ones (exploration), the batch is measured, recorded in the database, and the
 model retrains. Everything measured goes to the database as it is measured, so a killed
 run loses at most one batch and a rerun skips what is already there.
+
+Only records measured on this machine count (``TuningRecord.matches``). The model of a task
+is trained on its own measurements plus, as a warm start, those of tasks of the same kernel
+class, weighted by how alike the kernels' sizes are and fading as the task's own
+measurements accumulate. Once a task has a few measurements of its own, the transferred
+model is checked on them: if it orders them worse than chance the task goes on cold. A
+candidate whose repeats spread by more than ``TuneOptions.noisy`` is measured again.
 """
 from __future__ import annotations
 
 import math
 import random
+import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -46,6 +54,8 @@ class TuneOptions:
     seed: int = 0
     verify: bool = True  # re-measure the heuristic and the best side by side at the end
     per_store: bool = False  # add TVM's PerStoreFeature to the model's features
+    noisy: float = 0.2  # a candidate whose repeats spread more than this ((max - min) / median) is measured again
+    judge_after: int = 4  # own measurements (of distinct times) before the warm start is checked
 
 
 @dataclass
@@ -56,6 +66,9 @@ class TaskOutcome:
     best_ms: float = math.inf
     best: Candidate | None = None
     failures: int = 0
+    remeasured: int = 0  # candidates measured again because their repeats spread too much
+    spread: float = float("nan")  # the best's (max - min) / median over all its recorded times
+    start: str = "cold"  # how the task's model started: "warm (...)" or "cold (why)"
 
     @property
     def speedup(self) -> float:
@@ -70,10 +83,10 @@ class TuneSummary:
 
     def table(self) -> str:
         rows = [f"{'task':44s} {'calls':>5s} {'trials':>6s} {'failed':>6s} {'heuristic ms':>12s} {'best ms':>9s} "
-                f"{'speed-up':>8s}"]
+                f"{'spread':>6s} {'speed-up':>8s}  model"]
         for o in self.outcomes:
             rows.append(f"{o.task.name[:44]:44s} {o.task.weight:5d} {o.trials:6d} {o.failures:6d} {o.heuristic_ms:12.4f} "
-                        f"{o.best_ms:9.4f} {o.speedup:7.2f}x")
+                        f"{o.best_ms:9.4f} {o.spread:6.1%} {o.speedup:7.2f}x  {o.start}")
         before = sum(o.task.weight * o.heuristic_ms for o in self.outcomes if math.isfinite(o.heuristic_ms))
         after = sum(o.task.weight * min(o.best_ms, o.heuristic_ms) for o in self.outcomes
                     if math.isfinite(o.heuristic_ms))
@@ -91,16 +104,18 @@ class Tuner:
     """Tune ``tasks`` with ``measure``, recording every measurement in ``db``."""
 
     def __init__(self, tasks: list[Task], db: TuningDatabase, measure: Measurer,
-                 options: TuneOptions | None = None, model: CostModel | None = None,
+                 options: TuneOptions | None = None, transfer: list[Sample] | None = None,
                  progress: Callable[[str], None] | None = None):
         self.tasks = tasks
         self.db = db
         self.measure = measure
         self.options = options or TuneOptions()
-        self.model = model or CostModel(seed=self.options.seed)
+        self.transfer = list(transfer or [])  # other tasks' samples, given besides the database's
+        self.model = CostModel(seed=self.options.seed)  # the model of the task being tuned
         self.progress = progress or ProgressLine()
         self.rng = random.Random(self.options.seed)
         self._features: dict[tuple[str, str], np.ndarray] = {}
+        self._start: dict[str, str] = {}  # task key -> how its model started, once judged
         self._spent = 0
 
     # ------------------------------------------------------------------ the run
@@ -110,13 +125,12 @@ class Tuner:
         # the budget counts what the database already holds for these tasks: a rerun tops up
         # to ``trials`` (as MetaSchedule's max_trials_global) instead of measuring that many more
         self._spent = sum(len(self._measured(t)) for t in self.tasks)
-        self._warm_start()
         heuristics = {}
         for o in outcomes:  # the baseline first: every task's heuristic candidate
             heur = heuristics[o.task.key] = heuristic_candidate(o.task.func, o.task.machine, o.task.fuse_epilogue)
             if candidate_key(heur) not in self._measured(o.task):
                 self._measure(o, [(heur, apply_candidate(o.task.func, o.task.machine, heur, o.task.name))])
-            o.heuristic_ms = pooled_ms(self.db.records(o.task.key, o.task.target), heur)
+            o.heuristic_ms = pooled_ms(self._records(o.task), heur)
         budgets = self._budgets(outcomes)
         for i, (o, budget) in enumerate(zip(outcomes, budgets)):
             self._tune_task(o, budget, f"task {i + 1}/{len(outcomes)}")
@@ -126,6 +140,9 @@ class Tuner:
                 o.best, o.best_ms = best
         if self.options.verify:
             self._verify(outcomes, heuristics)
+        for o in outcomes:
+            o.spread = _spread(self._records(o.task), o.best)
+            o.start = self._start.get(o.task.key, o.start)
         quality = self.quality()
         self.progress("")
         return TuneSummary(outcomes, time.perf_counter() - t0, quality)
@@ -135,13 +152,13 @@ class Tuner:
         keep the one with the lowest median over all its measurements: the minimum of many
         noisy single measurements is biased low (a lucky run), a pooled median is not."""
         for o in outcomes:
-            records = self.db.records(o.task.key, o.task.target)
+            records = self._records(o.task)
             heur = heuristics[o.task.key]
             ranked = sorted(pooled_times(records).values(), key=lambda cm: cm[1])
             check = [heur] + [c for c, _ in ranked if candidate_key(c) != candidate_key(heur)][:top]
             if len(check) > 1:
                 self._measure(o, [(c, apply_candidate(o.task.func, o.task.machine, c, o.task.name)) for c in check])
-            records = self.db.records(o.task.key, o.task.target)
+            records = self._records(o.task)
             o.heuristic_ms = pooled_ms(records, heur)
             best = pooled_best(records)
             if best is not None:
@@ -162,6 +179,7 @@ class Tuner:
         exhaustive = space_bound(task.func, task.machine) <= opts.space_limit
         space = dict(self._entries(enumerate_space(task.func, task.machine, opts.space_limit))) if exhaustive else {}
         measured = self._measured(task)
+        self._fit(task)
         spent, round_ = 0, 0
         while spent < budget:
             if not exhaustive:  # a large space: draw a fresh pool each batch
@@ -176,7 +194,8 @@ class Tuner:
             batch = self._propose(task, space, todo, min(opts.batch, budget - spent), o.best)
             measured.update(batch)
             spent += self._measure(o, [space[k] for k in batch])
-            self.model.update(self._samples(task, batch))
+            self._judge(task)
+            self._fit(task)
             self.progress(f"[{label} {task.name[:36]}] {spent}/{budget} trials | total {self._spent}/"
                           f"{opts.trials} | best {o.best_ms:.4f} ms ({o.speedup:.2f}x over untuned)")
 
@@ -207,31 +226,50 @@ class Tuner:
 
     # ------------------------------------------------------------------ measuring and recording
     def _measure(self, o: TaskOutcome, entries: list[tuple[Candidate, object]]) -> int:
-        """Measure (candidate, ScheduleResult) pairs, record them, update the task's best."""
+        """Measure (candidate, ScheduleResult) pairs, record them, update the task's best; those
+        whose repeats spread by more than ``options.noisy`` once more (their times pooled)."""
         task = o.task
         measured = self.measure(task, [r for _, r in entries]) if entries else []
-        for (c, r), (times, error) in zip(entries, measured):
+        times_of: dict[int, list[float]] = {}
+        for i, ((c, r), (times, error)) in enumerate(zip(entries, measured)):
             self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
-            ms = float(np.median(times)) if times and error is None else math.inf
             if error is not None:
                 o.failures += 1
+            elif times:
+                times_of[i] = list(times)
+        noisy = [i for i, t in times_of.items() if _spread_of(t) > self.options.noisy]
+        if noisy:
+            for i, (times, error) in zip(noisy, self.measure(task, [entries[i][1] for i in noisy])):
+                c, r = entries[i]
+                self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
+                if error is None:
+                    times_of[i] += times
+            o.remeasured += len(noisy)
+        for i, times in times_of.items():
+            ms = float(np.median(times))
             if ms < o.best_ms:
-                o.best_ms, o.best = ms, c
+                o.best_ms, o.best = ms, entries[i][0]
         o.trials += len(entries)
         self._spent += len(entries)
         return len(entries)
 
     def _record(self, task: Task, c: Candidate, times: list[float], error: str | None,
                 feats: np.ndarray | None = None) -> None:
+        machine = task.machine
         self.db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c}, times_ms=[float(t) for t in times],
                                     error=error, features=None if feats is None else [float(x) for x in feats],
-                                    kernel=task.name))
+                                    kernel=task.name, cpu=machine.cpu, vector_bits=machine.vector_bits,
+                                    kernel_class=task.kernel_class))
+
+    def _records(self, task: Task) -> list[TuningRecord]:
+        """The task's records measured on a machine like this task's (``TuningRecord.matches``)."""
+        return [r for r in self.db.records(task.key, task.target) if r.matches(task.machine)]
 
     def _measured(self, task: Task) -> set[str]:
-        return {candidate_key(r.candidate["steps"]) for r in self.db.records(task.key, task.target)}
+        return {candidate_key(r.candidate["steps"]) for r in self._records(task)}
 
     def _best_known(self, task: Task) -> tuple[Candidate, float] | None:
-        return pooled_best(self.db.records(task.key, task.target))
+        return pooled_best(self._records(task))
 
     # ------------------------------------------------------------------ the model's data
     def _features_of(self, task: Task, key: str, result) -> np.ndarray:
@@ -242,47 +280,87 @@ class Tuner:
             self._features[(task.key, key)] = feats
         return self._features[(task.key, key)]
 
-    def _samples(self, task: Task, batch: list) -> list[Sample]:
-        out = []
-        for r in self.db.records(task.key, task.target)[-len(batch):]:
-            if r.features is not None:
-                out.append(Sample(task.key, np.asarray(r.features, dtype="float32"), r.median_ms))
-        return out
+    def _own(self, task: Task) -> list[Sample]:
+        return [Sample(task.key, np.asarray(r.features, dtype="float32"), r.median_ms, 1.0, task.kernel_class)
+                for r in self._records(task) if r.features is not None and len(r.features) == self._length]
 
-    def _warm_start(self) -> None:
-        """Train on every record in the database that carries features (other tasks, other runs)."""
-        samples = [Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms) for r in self._usable()]
-        if samples:
-            self.model.update(samples)
+    def _similar(self, task: Task, own: int) -> list[Sample]:
+        """Other tasks' samples of the same kernel class, measured on this machine: the
+        database's and the given ``transfer``, each weighted by the kernels' likeness and
+        by ``8 / (8 + own)``, so that the task's own measurements take over as they come."""
+        records = [r for r in self._usable() if r.task != task.key and r.target == task.target
+                   and r.kernel_class == task.kernel_class and r.matches(task.machine)]
+        samples = [Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms, 1.0, r.kernel_class)
+                   for r in records]
+        samples += [s for s in self.transfer if s.task != task.key and s.kernel_class == task.kernel_class]
+        if not samples:
+            return []
+        here = self._size_of(task)
+        fade = 8 / (8 + own)
+        return [replace(s, weight=s.weight * fade * likeness(here, s.features)) for s in samples]
+
+    def _size_of(self, task: Task) -> np.ndarray:
+        own = self._own(task)
+        return own[0].features if own else np.zeros(len(NAMES), dtype="float32")
+
+    def _fit(self, task: Task) -> None:
+        """Retrain the model for ``task``: its own samples, plus similar tasks' unless it went cold."""
+        own = self._own(task)
+        warm = [] if self._start.get(task.key, "").startswith("cold") else self._similar(task, len(own))
+        self.model = CostModel(seed=self.options.seed)
+        self.model.fit(own + warm)
+
+    def _judge(self, task: Task) -> None:
+        """Once the task has ``judge_after`` measurements of distinct times, score them with a model
+        trained on the similar tasks alone: worse than chance (pairwise accuracy < 0.5) and the
+        task goes on cold."""
+        if task.key in self._start:
+            return
+        own = [s for s in self._own(task) if math.isfinite(s.ms)]
+        if len({s.ms for s in own}) < self.options.judge_after:
+            return
+        similar = self._similar(task, 0)
+        if not similar:
+            self._start[task.key] = "cold (no similar task measured here)"
+            return
+        model = CostModel(seed=self.options.seed)
+        model.fit(similar)
+        acc = pairwise_accuracy(model.predict(np.stack([s.features for s in own])), np.array([s.ms for s in own]))
+        if not model.trained or not acc >= 0.5:
+            self._start[task.key] = f"cold (the transferred model ranked its first {len(own)} at {acc:.2f})"
+            self.progress(f"[{task.name[:36]}] warm start dropped: {self._start[task.key][6:-1]}, worse than chance")
+        else:
+            self._start[task.key] = f"warm ({acc:.2f} on its first {len(own)})"
+
+    @property
+    def _length(self) -> int:
+        return len(NAMES) + (PER_STORE_LENGTH if self.options.per_store else 0)
 
     def _usable(self) -> list[TuningRecord]:
         """Records whose features this run's model can read (same feature set)."""
-        length = len(NAMES) + (PER_STORE_LENGTH if self.options.per_store else 0)
-        return [r for r in self.db.records() if r.features is not None and len(r.features) == length]
+        return [r for r in self.db.records() if r.features is not None and len(r.features) == self._length]
 
     # ------------------------------------------------------------------ honesty
     def quality(self, k: int = 3, seed: int = 0) -> dict:
         """The model's accuracy on held-out measured candidates: for each task with enough
-        successful records, train on every other task plus half of this one, score the other half."""
-        records = self._usable()
-        by_task: dict[str, list[TuningRecord]] = {}
-        for r in records:
-            by_task.setdefault(r.task, []).append(r)
+        successful records, train as the tuner does (half of its own records, plus the similar
+        tasks' unless it went cold) and score the other half."""
         rng = random.Random(seed)
         accs, tops, pairs = [], [], 0
-        for key, rs in by_task.items():
-            ok = [r for r in rs if math.isfinite(r.median_ms)]
+        for task in self.tasks:
+            ok = [s for s in self._own(task) if math.isfinite(s.ms)]
             if len(ok) < 2 * k + 2:
                 continue
             rng.shuffle(ok)
-            held, train_own = ok[:len(ok) // 2], ok[len(ok) // 2:]
-            train = [r for t, other in by_task.items() if t != key for r in other] + train_own
+            held, train = ok[:len(ok) // 2], ok[len(ok) // 2:]
+            if not self._start.get(task.key, "").startswith("cold"):
+                train += self._similar(task, len(train))
             model = CostModel(seed=seed)
-            model.fit([Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms) for r in train])
+            model.fit(train)
             if not model.trained:
                 continue
-            scores = model.predict(np.stack([np.asarray(r.features, dtype="float32") for r in held]))
-            times = np.array([r.median_ms for r in held])
+            scores = model.predict(np.stack([s.features for s in held]))
+            times = np.array([s.ms for s in held])
             acc = pairwise_accuracy(scores, times)
             if not math.isnan(acc):
                 accs.append(acc)
@@ -292,6 +370,26 @@ class Tuner:
             return {}
         return {"tasks": len(accs), "pairs": pairs, "k": k, "pairwise_accuracy": float(np.mean(accs)),
                 "top_k_quality": float(np.mean(tops))}
+
+
+def likeness(a: np.ndarray, b: np.ndarray) -> float:
+    """How alike two kernels are in size: 1 for equal bytes and work, halving every 4 doublings apart."""
+    i, j = NAMES.index("log_bytes"), NAMES.index("log_work")
+    return float(2 ** (-(abs(a[i] - b[i]) + abs(a[j] - b[j])) / 4))
+
+
+def _spread_of(times: list[float]) -> float:
+    med = statistics.median(times)
+    return (max(times) - min(times)) / med if med > 0 else 0.0
+
+
+def _spread(records: list[TuningRecord], candidate: Candidate | None) -> float:
+    """(max - min) / median over every time recorded for ``candidate``."""
+    if candidate is None:
+        return float("nan")
+    key = candidate_key(candidate)
+    times = [t for r in records if r.ok and candidate_key(r.candidate["steps"]) == key for t in r.times_ms]
+    return _spread_of(times) if times else float("nan")
 
 
 def _traits(candidate: Candidate) -> set:

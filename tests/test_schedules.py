@@ -384,3 +384,18 @@ def test_a_last_axis_without_a_full_vector_merges_when_every_read_is_at_the_bloc
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     (got,) = _run(uniform.func, [x], [shape])
     np.testing.assert_allclose(got, np.exp(x) * 2.0, rtol=2e-6)
+
+
+def test_the_host_machine_takes_its_caches_and_model_from_the_os():
+    from schedules import host_cpu
+    from schedules.analysis import is_host
+
+    assert host_cpu._size("48K") == 48 << 10 and host_cpu._size("32M") == 32 << 20 and host_cpu._size("512") == 512
+    host = Machine.for_target(tvm_ext.host_target())
+    caches = host_cpu.host_caches()
+    if caches is not None:  # Linux with sysfs: the machine is sized by it
+        assert (host.l1_bytes, host.l2_bytes, host.l3_bytes) == (caches.l1d, caches.l2, caches.l3)
+        assert 8 << 10 <= host.l1_bytes < host.l2_bytes <= host.l3_bytes
+    assert host.cpu == host_cpu.host_cpu_name()
+    other = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64" if is_host(tvm_ext.host_target()) else "znver3"})
+    assert not is_host(other) and Machine.for_target(other).cpu == ""  # another CPU: defaults, no name

@@ -18,8 +18,8 @@ import tvm_ext
 from schedules.cost_model import (
     CostModel,
     Sample,
+    log_speed,
     pairwise_accuracy,
-    relevance,
     top_k_quality,
 )
 from schedules.database import TuningDatabase
@@ -145,7 +145,8 @@ def test_features_tell_candidates_apart(tasks):
 
 
 def test_relevance_and_ranking_metrics():
-    assert relevance([2.0, 1.0, math.inf, 4.0]).tolist() == [15, 30, 0, 8]
+    labels = log_speed([2.0, 1.0, math.inf, 4.0])
+    np.testing.assert_allclose(labels, [-math.log(2), 0, -math.log(4) - 1, -math.log(4)], rtol=1e-6)
     assert pairwise_accuracy(np.array([3, 2, 1]), np.array([1.0, 2.0, 3.0])) == 1.0
     assert pairwise_accuracy(np.array([1, 2, 3]), np.array([1.0, 2.0, 3.0])) == 0.0
     assert top_k_quality(np.array([0, 5, 1]), np.array([1.0, 2.0, 4.0]), 1) == 0.5
@@ -245,3 +246,131 @@ def test_trials_count_what_the_database_holds_so_a_rerun_tops_up(tasks, tmp_path
     more = FakeMeasure()
     Tuner(tasks, TuningDatabase(path), more, TuneOptions(trials=24, batch=4, verify=False), **quiet).tune()
     assert len(keys()) == 24 and len(more.seen) == 8  # topped up to 24
+
+
+# ---------------------------------------------------------------------- the tuner on every CPU
+def _retarget(db: TuningDatabase, path, **changes) -> TuningDatabase:
+    """A copy of ``db`` whose records claim another measuring machine."""
+    import dataclasses
+    other = TuningDatabase(path)
+    for r in db.records():
+        other.append(dataclasses.replace(r, **changes))
+    return other
+
+
+def test_a_record_from_another_target_is_not_applied(tasks, tmp_path):
+    db = TuningDatabase(tmp_path / "here.jsonl")
+    measure = FakeMeasure()
+    measure.time_of = lambda r: 0.1 if "parallel_only" in r.policy else 1.0
+    Tuner(tasks, db, measure, TuneOptions(trials=40, batch=8), progress=lambda s: None).tune()
+    here = tasks[0].machine
+    assert here.cpu and all(r.cpu == here.cpu and r.vector_bits == here.vector_bits for r in db.records())
+
+    def tuned(database) -> list[str]:
+        return [k.name for k in tvm_ext.compile(_model(), tuning_db=database).report().kernels
+                if "[tuned]" in k.schedule]
+
+    assert tuned(db)
+    for i, changes in enumerate([{"cpu": "Another CPU (family 1, model 2)"}, {"vector_bits": here.vector_bits // 2},
+                                 {"target": tasks[0].target.replace(f'"mcpu":"{here_mcpu()}"', '"mcpu":"x86-64"')}]):
+        other = _retarget(db, tmp_path / f"other{i}.jsonl", **changes)
+        with pytest.warns(UserWarning, match="are not applied here"):
+            assert tuned(other) == [], changes
+    # one database filled by two machines: this machine's records still apply, the other's do not
+    shared = _retarget(db, tmp_path / "shared.jsonl", cpu="Another CPU (family 1, model 2)")
+    for r in db.records():
+        shared.append(r)
+    with pytest.warns(UserWarning, match="Another CPU"):
+        assert tuned(shared) == tuned(db)
+
+
+def here_mcpu() -> str:
+    import tvm
+    return tvm.target.codegen.llvm_get_system_cpu()
+
+
+def _transfer_from(task, sign: float, n: int = 60) -> list[Sample]:
+    """Samples of a made-up task of ``task``'s kernel class: its candidates with the fake times,
+    in the same order (sign 1) or reversed (sign -1)."""
+    fake = FakeMeasure()
+    out = []
+    for _, result in enumerate_space(task.func, task.machine)[:n]:
+        t = fake.time_of(result)
+        out.append(Sample("another_task", candidate_features(result, task.machine), 3.0 + sign * (t - 1.5), 1.0,
+                          task.kernel_class))
+    return out
+
+
+@pytest.mark.parametrize("sign, start", [(1.0, "warm"), (-1.0, "cold")])
+def test_a_warm_start_that_ranks_this_task_backwards_falls_back_to_cold(tasks, tmp_path, sign, start):
+    task = next(t for t in tasks if "softmax" in t.name)
+    options = TuneOptions(trials=20, batch=6, verify=False)
+    summary = Tuner([task], TuningDatabase(tmp_path / "db.jsonl"), FakeMeasure(), options,
+                    transfer=_transfer_from(task, sign), progress=lambda s: None).tune()
+    assert summary.outcomes[0].start.startswith(start), summary.outcomes[0].start
+    assert start in summary.table()
+
+
+def test_transfer_takes_only_tasks_of_the_same_kernel_class(tasks, tmp_path):
+    softmax = next(t for t in tasks if "softmax" in t.name)
+    other = next(t for t in tasks if t.kernel_class != softmax.kernel_class)
+    tuner = Tuner([softmax], TuningDatabase(tmp_path / "db.jsonl"), FakeMeasure(),
+                  transfer=_transfer_from(softmax, 1.0) + _transfer_from(other, 1.0), progress=lambda s: None)
+    similar = tuner._similar(softmax, own=8)
+    assert similar and {s.kernel_class for s in similar} == {softmax.kernel_class}
+    assert all(0 < s.weight <= 0.5 for s in similar)  # faded by 8 / (8 + 8), and by likeness
+
+
+def test_a_candidate_whose_repeats_spread_is_measured_again(tasks, tmp_path):
+    class Noisy(FakeMeasure):
+        def __call__(self, task, results):
+            out = super().__call__(task, results)
+            first = self.calls == 2  # the first batch after the heuristic: one noisy candidate
+            return [([t[0], t[0] * 1.5, t[0]], e) if first and i == 0 and e is None else (t, e)
+                    for i, (t, e) in enumerate(out)]
+
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    task = next(t for t in tasks if "softmax" in t.name)
+    summary = Tuner([task], db, Noisy(), TuneOptions(trials=9, batch=8, verify=False), progress=lambda s: None).tune()
+    o = summary.outcomes[0]
+    assert o.remeasured == 1 and o.trials == 9  # measured again, not counted as another trial
+    keys = [r.key for r in db.records()]
+    assert len(keys) == 10 and len(set(keys)) == 9
+    assert o.spread == 0.0 and "spread" in summary.table()
+
+
+def test_features_are_relative_to_the_machine(tasks):
+    from dataclasses import replace
+
+    task = next(t for t in tasks if "softmax" in t.name)
+    base = replace(task.machine, l1_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=32 << 20)
+    bigger = replace(base, l1_bytes=64 << 10, l2_bytes=2 << 20, l3_bytes=64 << 20)
+    cache_relative = {"panel_l1", "rows_l1", "chunk_l2", "chunk_l1", "bytes_l3", "a_block_l2"}
+    for _, result in enumerate_space(task.func, task.machine)[::7][:8]:
+        a = dict(zip(NAMES, candidate_features(result, base)))
+        b = dict(zip(NAMES, candidate_features(result, bigger)))
+        for name in NAMES:  # what the caches do not change, they do not change
+            if name not in cache_relative:
+                assert a[name] == b[name], name
+        assert b["chunk_l2"] == pytest.approx(a["chunk_l2"] / 2)  # twice the cache: half the share
+        assert b["bytes_l3"] < a["bytes_l3"] and b["chunk_l1"] < a["chunk_l1"]
+        # a machine with twice the lanes: the same vectors fill half as many of them
+        wide = dict(zip(NAMES, candidate_features(result, replace(base, vector_bytes=base.vector_bytes * 2))))
+        assert wide["vector_over_lanes"] == pytest.approx(a["vector_over_lanes"] - a["vector_share"])
+        assert wide["log_vector"] == a["log_vector"] and wide["split_waste"] == a["split_waste"]
+
+
+@pytest.mark.parametrize("lead, applied", [(0.01, False), (0.10, True)])
+def test_a_record_replaces_the_heuristic_only_when_it_is_clearly_faster(tasks, tmp_path, lead, applied):
+    from schedules.database import TuningRecord
+    from schedules.history import ApplyHistoryBest
+
+    task = next(t for t in tasks if "softmax" in t.name)
+    heur = heuristic_candidate(task.func, task.machine, task.fuse_epilogue)
+    other = next(c for c, _ in enumerate_space(task.func, task.machine) if candidate_key(c) != candidate_key(heur))
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    for c, ms in [(heur, 1.0), (other, 1.0 - lead)]:
+        db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c}, times_ms=[ms] * 3))
+    history = ApplyHistoryBest(db, task.target)
+    assert history.lookup(task.func) == other  # the best, when nothing says what the heuristic took
+    assert (history.lookup(task.func, heur) == other) is applied
