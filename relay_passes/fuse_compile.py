@@ -108,7 +108,13 @@ class _CallRewriter(PyExprMutator):
         name = call.op.name_hint
         if name in self.lowered:
             group = self.lowered[name]
-            out_ty = group.out_types[0] if len(group.out_types) == 1 else group.out_types
+            vdevice = _vdevice_of(call.ty)
+            out_types = group.out_types if vdevice is None else [
+                relax.TensorType(t.shape, t.dtype, vdevice) for t in group.out_types]
+            if vdevice is not None:  # placed by PlaceDevice: the kernel is built for its device's target
+                gv = self.prim_gvs[name]
+                self.builder_.update_func(gv, self.builder_.get()[gv].with_attr("target", vdevice.target))
+            out_ty = out_types[0] if len(out_types) == 1 else out_types
             return relax.call_tir(self.prim_gvs[name], relax.Tuple(list(call.args) + group.const_args), out_ty)
         if name in self.fallback:
             return self._inline(self.fallback[name], call.args)
@@ -120,6 +126,14 @@ class _CallRewriter(PyExprMutator):
             for b in block.bindings:
                 vmap[b.var] = self.builder_.emit(substitute(b.value, vmap), name_hint=b.var.name)
         return substitute(func.body.body, vmap)
+
+
+def _vdevice_of(ty):
+    """The VDevice a call's result is placed on (the first field's, for a tuple), or None."""
+    if isinstance(ty, relax.TupleType):
+        return _vdevice_of(ty.fields[0]) if len(ty.fields) else None
+    vdevice = getattr(ty, "vdevice", None)
+    return vdevice if vdevice is not None and int(vdevice.vdevice_id) >= 0 else None
 
 
 # --------------------------------------------------------------------------- lowering

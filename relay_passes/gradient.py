@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from relay_passes.grouping import substitute
+from tvm_ext import attrs
 from tvm_ext.errors import InputError, ShapeError, UnsupportedOpError
 from tvm_ext.gradient_rules import shape_of
 from tvm_ext.registry import OPS, OpRegistry
@@ -51,14 +52,19 @@ class Gradient:
             mod = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != self.adjoint_name},
                                attrs=mod.attrs, global_infos=mod.global_infos)
         bb = relax.BlockBuilder(mod)
+        grad_of: dict[str, str] = {}
         with bb.function(self.adjoint_name, params):
             with bb.dataflow():
-                target, grads = emit_adjoint(bb, func, params, wrt, self.target_index, self.registry)
+                target, grads = emit_adjoint(bb, func, params, wrt, self.target_index, self.registry, grad_of)
                 out = bb.emit_output(relax.Tuple([target, relax.Tuple(grads)]))
             bb.emit_func_output(out)
         out_mod = bb.get()
         gv = out_mod.get_global_var(self.adjoint_name)
-        out_mod[gv] = relax.analysis.remove_all_unused(out_mod[gv])
+        adjoint = relax.analysis.remove_all_unused(out_mod[gv])
+        kept = {attrs.GRAD_OF: grad_of} if grad_of else {}
+        if func.attrs is not None and attrs.CTX_GROUP in func.attrs:  # the forward copies keep their names
+            kept[attrs.CTX_GROUP] = func.attrs[attrs.CTX_GROUP]
+        out_mod[gv] = adjoint.with_attrs(kept) if kept else adjoint
         return out_mod
 
 
@@ -88,12 +94,14 @@ def select_params(func: relax.Function, wrt: Sequence[str | int] | None) -> list
 
 
 def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[relax.Expr],
-                 wrt: Sequence[relax.Var], target_index: int = 0,
-                 registry: OpRegistry = OPS) -> tuple[relax.Expr, list[relax.Expr]]:
+                 wrt: Sequence[relax.Var], target_index: int = 0, registry: OpRegistry = OPS,
+                 grad_of: dict[str, str] | None = None) -> tuple[relax.Expr, list[relax.Expr]]:
     """In ``bb``'s open dataflow block, emit ``func``'s bindings on ``args``, then its backward.
 
     Returns the target (the emitted copy) and the gradient of each ``wrt`` parameter of
     ``func``. Used by the ``Gradient`` pass and by training steps that add updates after.
+    ``grad_of``, when given, receives for each backward binding the name of the forward
+    binding whose rule emitted it (what PlaceDevice's reverse pass places it by).
     """
     bindings = [b for block in func.body.blocks for b in block.bindings]
     env, calls = _emit_forward(bb, func, bindings, args)
@@ -105,12 +113,16 @@ def emit_adjoint(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[re
         raise InputError(f"Gradient: the target '{_name(target)}' has dtype {target.ty.dtype}; it must be a float "
                          "scalar (an integer or boolean result has no gradient)")
     live = _reachable(bindings, wrt)
-    adj = _Adjoints(bb)
+    recorder = _Recording(bb)
+    adj = _Adjoints(recorder)
     if target in live:
         adj.add(target, relax.const(1.0, str(target.ty.dtype)))
     for b in reversed(bindings):
         if b.var in live and adj.get(b.var) is not None:
-            _emit_backward(bb, b, env, calls, adj, live, registry)
+            start = len(recorder.emitted)
+            _emit_backward(recorder, b, env, calls, adj, live, registry)
+            if grad_of is not None:
+                grad_of.update({v.name: b.var.name for v in recorder.emitted[start:]})
     grads = []
     for p in wrt:
         g = adj.get(p)
@@ -157,6 +169,22 @@ def _emit_backward(bb: relax.BlockBuilder, b: relax.Binding, env: dict, calls: d
     else:
         raise UnsupportedOpError(f"Gradient: node '{y.name}' is a {type(value).__name__}, which cannot be "
                                  "differentiated; only op calls, tuples and aliases can")
+
+
+class _Recording:
+    """A BlockBuilder that also notes every variable it emits (which backward node made what)."""
+
+    def __init__(self, bb: relax.BlockBuilder):
+        self._bb = bb
+        self.emitted: list[relax.Var] = []
+
+    def emit(self, *args, **kwargs) -> relax.Var:
+        var = self._bb.emit(*args, **kwargs)
+        self.emitted.append(var)
+        return var
+
+    def __getattr__(self, name: str):
+        return getattr(self._bb, name)
 
 
 class _Adjoints:

@@ -134,7 +134,8 @@ def _make_node(i: int, binding: relax.Binding, registry: OpRegistry) -> Node:
         opdef = registry.get(value.op.name)
         node = Node(i, binding.var, value, "op", value.op.name, opdef)
         if opdef is None:
-            node.why_not = "no lowering registered"
+            node.why_not = "a copy between devices (PlaceDevice)" if value.op.name == "relax.to_vdevice" else \
+                "no lowering registered"
             node.pattern = tvm_op_pattern(value)
             return node
         node.pattern = opdef.pattern_of(value)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 import tvm_ffi
@@ -56,6 +56,7 @@ _ALLOC_STORAGE = tvm.ir.Op.get("relax.memory.alloc_storage")
 _VIEW_OPS = frozenset(["relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset"])
 _VIEW_PACKED = frozenset(["vm.builtin.reshape"])
 _PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
+_TO_VDEVICE = tvm.ir.Op.get("relax.to_vdevice")
 
 
 # --------------------------------------------------------------------------- the graph
@@ -70,6 +71,7 @@ class Value:
     defined: int = -1  # the step that writes it
     readers: list = field(default_factory=list)  # steps that read it (each once)
     output: bool = False  # part of the function's result: never planned
+    device: int = 0  # the VM device index it is allocated on (PlaceDevice's VDevice)
 
     @property
     def size(self) -> int:
@@ -148,7 +150,8 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
                 static = _static_nbytes(b.var.ty)
                 if static is None:
                     raise NotPlannable(f"'{b.var.name}' has a symbolic shape")
-                val = Value(b.var, static[1], static[0], str(b.var.ty.dtype))
+                device = int(v.args[2].value) if isinstance(v.args[2], tirx.IntImm) else 0
+                val = Value(b.var, static[1], static[0], str(b.var.ty.dtype), device=int(device))
                 values.append(val)
                 roots[b.var] = frozenset([val])
             elif isinstance(v, relax.Var):
@@ -185,8 +188,10 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
                         elif val not in step.reads and val not in step.writes:
                             step.reads.append(val)
                 steps.append(step)
-                # a call we do not know may return an alias of what it reads
-                roots[b.var] = frozenset().union(*step.args) if kernel is None else frozenset()
+                # a call we do not know may return an alias of what it reads; a copy between
+                # devices (PlaceDevice's to_vdevice) returns fresh memory
+                fresh = kernel is not None or (isinstance(v.op, tvm.ir.Op) and v.op.same_as(_TO_VDEVICE))
+                roots[b.var] = frozenset() if fresh else frozenset().union(*step.args)
             elif isinstance(v, relax.If):
                 raise NotPlannable("control flow")
             else:
@@ -304,6 +309,7 @@ class Plan:
     allocator: str  # "best-fit" (the seed's, blocks laid end to end) or "offsets"
     match_range: int = 0
     storages: int = 0  # blocks (best-fit) or in-place chains (offsets)
+    per_device: dict = field(default_factory=dict)  # VM device index -> bytes of its arena
 
 
 def in_place_pairs(graph: FunctionGraph, in_place_ok) -> dict:
@@ -432,6 +438,28 @@ def best_plan(graph: FunctionGraph, in_place_ok, ranges=range(1, 17)) -> Plan:
     return packed if packed.total < seed.total else seed
 
 
+def plan_devices(graph: FunctionGraph, in_place_ok) -> Plan:
+    """``best_plan`` for each device's values apart, each in an arena of its own: no value of
+    one device is ever placed in, or written in place over, another's memory."""
+    devices = sorted({v.device for v in graph.values}) or [0]
+    plans = {d: best_plan(_on_device(graph, d), in_place_ok) for d in devices}
+    if len(plans) == 1:
+        plan = plans[devices[0]]
+        plan.per_device = {devices[0]: plan.total}
+        return plan
+    first = plans[devices[0]]
+    return Plan({v: o for p in plans.values() for v, o in p.offset_of.items()}, sum(p.total for p in plans.values()),
+                sum(p.inplace for p in plans.values()), "/".join(sorted({p.allocator for p in plans.values()})),
+                first.match_range, sum(p.storages for p in plans.values()), {d: p.total for d, p in plans.items()})
+
+
+def _on_device(graph: FunctionGraph, device: int) -> FunctionGraph:
+    keep = {v for v in graph.values if v.device == device}
+    steps = [replace(s, reads=[v for v in s.reads if v in keep], writes=[v for v in s.writes if v in keep])
+             for s in graph.steps]
+    return FunctionGraph(steps, [v for v in graph.values if v in keep], graph.outputs)
+
+
 def lower_bound(graph: FunctionGraph, order: list[int] | None = None) -> int:
     """Largest sum of live planned bytes over the steps (a value lives from its write to its
     last read), in program order or in ``order`` (step indices, a topological order)."""
@@ -520,7 +548,7 @@ def plan_function(mod: tvm.IRModule, name: str = "main", registry: OpRegistry = 
         if lower_bound(graph, order) < program_bound:
             func = reordered(func, graph, order)
             graph = function_graph(func, mod)
-    return func, graph, best_plan(graph, in_place_rule(mod, registry)), program_bound
+    return func, graph, plan_devices(graph, in_place_rule(mod, registry)), program_bound
 
 
 # --------------------------------------------------------------------------- emission
@@ -532,7 +560,7 @@ class _EmitPlan(PyExprMutator):
     def __init__(self, mod, plan: Plan, values: dict, workspace: relax.Var | None, outputs: dict):
         super().__init__(mod)
         self.plan, self.values, self.workspace, self.outputs = plan, values, workspace, outputs
-        self.storage: relax.Var | None = None
+        self.storage: dict[int, relax.Var] = {}  # device index -> its arena
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         val = self.values.get(binding.var)
@@ -549,10 +577,11 @@ class _EmitPlan(PyExprMutator):
             tensor = self.builder_.emit(relax.op.memory.view(self.workspace, shape, dtype, offset),
                                         binding.var.name + "_at")
         else:
-            if self.storage is None:
-                self.storage = self.builder_.emit(relax.op.memory.alloc_storage(
-                    relax.ShapeExpr([self.plan.total]), 0, "global", "uint8"), "arena")
-            tensor = self.builder_.emit(relax.op.memory.alloc_tensor(self.storage, offset, shape, dtype),
+            if val.device not in self.storage:
+                size = self.plan.per_device.get(val.device, self.plan.total)
+                self.storage[val.device] = self.builder_.emit(relax.op.memory.alloc_storage(
+                    relax.ShapeExpr([size]), val.device, "global", "uint8"), "arena")
+            tensor = self.builder_.emit(relax.op.memory.alloc_tensor(self.storage[val.device], offset, shape, dtype),
                                         binding.var.name + "_at")
         # TVM's kernels take no byte_offset; on the CPU this re-bases the pointer instead
         self.set_var_remap(binding.var, self.builder_.emit(relax.op.memory.ensure_zero_offset(tensor),
@@ -604,15 +633,18 @@ class PlanMemory:
                 self.skipped[gv.name_hint] = str(why)
                 out[gv] = static[gv.name_hint]
                 continue
+            bound = lower_bound(graph) if len(plan.per_device) <= 1 else sum(  # one arena per device
+                lower_bound(_on_device(graph, d)) for d in plan.per_device)
             self.reports[gv.name_hint] = MemoryReport(
                 plan.total, sum(v.size for v in graph.values if not v.output),
-                _storage_bytes(static[gv.name_hint]), lower_bound(graph), plan.inplace, plan.allocator,
+                _storage_bytes(static[gv.name_hint]), bound, plan.inplace, plan.allocator,
                 plan.match_range, plan.storages, program_bound,
                 "memory-aware (the ready kernel that frees the most first)" if lower_bound(graph) < program_bound
-                else "program order (bindings as emitted, topological)")
+                else "program order (bindings as emitted, topological)",
+                {_device_name(mod, d): n for d, n in plan.per_device.items()} if _several_devices(mod) else {})
             values = {v.var: v for v in graph.values}
             out[gv] = self._emit(mod, func, plan, values, None, {})
-            if gv.name_hint == "main" and self.planned_entry:
+            if gv.name_hint == "main" and self.planned_entry and not _several_devices(mod):
                 out[PLANNED_ENTRY] = self._planned_entry(mod, func, graph, plan, values)
         if self.planned_entry:
             out[RELEASE] = _empty_function()
@@ -640,6 +672,18 @@ class PlanMemory:
         new = self._emit(mod, func, plan, values, workspace, dests, [workspace, *dests.values()])
         return new.with_attr("global_symbol", PLANNED_ENTRY) if new.attrs is not None and \
             "global_symbol" in new.attrs else new
+
+
+def _several_devices(mod: tvm.IRModule) -> bool:
+    """Whether the module is placed on several devices (its caller-allocated workspace and
+    destinations would then have to live on each): such a module is called through ``main``."""
+    infos = mod.global_infos.get("vdevice", []) if mod.global_infos is not None else []
+    return len(infos) > 1
+
+
+def _device_name(mod: tvm.IRModule, index: int) -> str:
+    names = mod.attrs.get(attrs.DEVICES) if mod.attrs is not None else None
+    return str(names[index]) if names is not None and index < len(names) else f"device {index}"
 
 
 def _empty_function() -> relax.Function:

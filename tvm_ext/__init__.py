@@ -17,7 +17,7 @@ _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 
 from tvm_ext import ops as _ops  # noqa: E402,F401  (fills the op registry)
 from tvm_ext.errors import (CompileError, DtypeError, FrontendError, InputError, ModelFileError,  # noqa: E402
-                            NotLowerable, ShapeError, UnsupportedDtypeError, UnsupportedOpError)
+                            NotLowerable, PlacementError, ShapeError, UnsupportedDtypeError, UnsupportedOpError)
 from tvm_ext.patterns import OpPattern  # noqa: E402
 from tvm_ext.registry import OPS, OpDef, register_op  # noqa: E402
 from tvm_ext import symbol as sym  # noqa: E402  (the Symbol API: op functions from the filled registry)
@@ -39,6 +39,6 @@ def __getattr__(name: str):
 
 __all__ = ["BenchmarkResult", "CompileError", "CompiledModel", "DtypeError", "FrontendError", "FusionReport",
            "InputError", "KernelInfo", "MemoryReport", "ModelFileError", "NotLowerable", "OPS", "OpDef",
-           "OpPattern", "Pipeline",
+           "OpPattern", "Pipeline", "PlacementError",
            "ShapeError", "TensorSpec", "UnsupportedDtypeError", "UnsupportedOpError", "compile",
            "host_target", "register_op", "sym", "time_calls", "tune"]

@@ -8,4 +8,6 @@ KERNEL = "tvm_ext.kernel"  # on PrimFuncs we generated: the group's pattern name
 OPS = "tvm_ext.ops"  # on our PrimFuncs: comma-separated Relax ops the kernel covers
 LOOP_IR = "tvm_ext.loop_ir"  # on our PrimFuncs: the kernel's Loop IR, as text
 CTX_GROUP = "tvm_ext.ctx_group"  # on Relax functions: binding name -> device group label (NNVM's ctx_group)
+GRAD_OF = "tvm_ext.grad_of"  # on adjoint functions: backward binding name -> the forward binding it differentiates
+DEVICES = "tvm_ext.devices"  # on placed modules: the device names ("cpu:0", ...) in VDevice order
 SCHEDULE = "tvm_ext.schedule"  # on our PrimFuncs: the plan applied to each block

@@ -103,8 +103,10 @@ class CompiledModel:
 
     def __init__(self, executable: tvm.runtime.Executable, inputs: Sequence[TensorSpec],
                  report: FusionReport, target: str = "", entry: PlannedEntry | None = None,
-                 outputs: Sequence[TensorSpec] = (), dim_bounds: dict[str, tuple] | None = None):
+                 outputs: Sequence[TensorSpec] = (), dim_bounds: dict[str, tuple] | None = None,
+                 devices: Sequence[str] = ()):
         self.executable = executable
+        self.devices = list(devices)  # PlaceDevice's devices in VDevice order ("cpu:0" first); [] = one
         self.dim_bounds = {d: tuple(b) for d, b in (dim_bounds or {}).items()}
         self.inputs = list(inputs)
         self.outputs = list(outputs)
@@ -217,7 +219,8 @@ class CompiledModel:
         call (with the thread's own VM)."""
         runner = getattr(self._local, "runner", None)
         if runner is None:
-            vm = relax.VirtualMachine(self.executable, self._device)
+            vm = relax.VirtualMachine(self.executable, [_runtime_device(d) for d in self.devices]
+                                      if self.devices else self._device)
             self._local.vm = vm
             workspace = None
             if self.entry is not None:
@@ -398,7 +401,7 @@ class CompiledModel:
         meta = {"inputs": [asdict(s) for s in self.inputs], "outputs": [asdict(s) for s in self.outputs],
                 "report": self._report.to_dict(), "target": self.target,
                 "entry": self.entry.to_dict() if self.entry is not None else None,
-                "dim_bounds": {d: list(b) for d, b in self.dim_bounds.items()}}
+                "dim_bounds": {d: list(b) for d, b in self.dim_bounds.items()}, "devices": self.devices}
         meta["checksum"] = _checksum(path, meta)
         with open(path + ".json", "w") as f:
             json.dump(meta, f, indent=1)
@@ -430,7 +433,13 @@ class CompiledModel:
         outputs = [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta.get("outputs", [])]
         entry = PlannedEntry.from_dict(meta["entry"]) if meta.get("entry") else None
         return cls(executable, inputs, FusionReport.from_dict(meta["report"]), meta.get("target", ""),
-                   entry=entry, outputs=outputs, dim_bounds=meta.get("dim_bounds"))
+                   entry=entry, outputs=outputs, dim_bounds=meta.get("dim_bounds"), devices=meta.get("devices", []))
+
+
+def _runtime_device(name: str) -> tvm.runtime.Device:
+    """``"cpu:1"`` as TVM's device."""
+    kind, _, index = name.partition(":")
+    return tvm.runtime.device(kind, int(index or 0))
 
 
 def _checksum(library: str, meta: dict) -> str:

@@ -42,12 +42,16 @@ class ModelFileError(CompileError, OSError):
     """An exported model that cannot be loaded as it is: missing, truncated or changed."""
 
 
+class PlacementError(InputError):
+    """A device placement the seed's legality check rejects (an in-place mutation across devices)."""
+
+
 def _register_with_ffi() -> None:
     """Keep our error types when they cross TVM's FFI (a pass raising inside ``Sequential``)."""
     import tvm_ffi
 
     for cls in (CompileError, NotLowerable, ShapeError, UnsupportedOpError, UnsupportedDtypeError,
-                DtypeError, FrontendError, InputError, ModelFileError):
+                DtypeError, FrontendError, InputError, ModelFileError, PlacementError):
         tvm_ffi.register_error(cls.__name__, cls)
 
 

@@ -7,13 +7,14 @@ to look at the module between them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import tvm
 from tvm import relax
 
 from relay_passes.pack_weights import PackMatmulWeights
+from relay_passes.place_device import PlaceDevice
 from relay_passes.plan_memory import PlanMemory
 from relay_passes.conv_layout import BlockConvLayout
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
@@ -58,8 +59,11 @@ class Pipeline:
     pack_weights: bool = True  # constant matmul operands stored in column panels (autofuse)
     block_conv: bool = True  # convolutions in NCHW16c, activations kept blocked between them
     tuning_db: Any = None  # a tuning database (path or TuningDatabase): its best schedules win
+    group2ctx: dict | None = None  # device group -> device ("cpu:1", ...): PlaceDevice runs
+    device_labels: dict | None = None  # node or input name -> device group, besides ctx_group attributes
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
+    placement: PlaceDevice | None = field(default=None, init=False)  # the last PlaceDevice run
 
     def __post_init__(self):
         if not callable(self.fusion) and self.fusion not in FUSION_CHOICES:
@@ -74,7 +78,16 @@ class Pipeline:
                relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
                relax.transform.DeadCodeElimination()]
         with self.target:
-            return tvm.transform.Sequential(seq)(mod)
+            mod = tvm.transform.Sequential(seq)(mod)
+        if self.group2ctx is not None or self.device_labels:
+            if self.fusion == "tvm":
+                raise CompileError("device placement (group2ctx) needs one of our fusion strategies; "
+                                   f"fusion='tvm' builds for one target. Choose one of {PARTITIONERS}")
+            self.placement = PlaceDevice(self.group2ctx or {}, self.device_labels, self.target,
+                                         registry=self.registry)
+            with self.target:
+                mod = self.placement(mod)
+        return mod
 
     def lower(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
         """Fuse and lower: groups -> our kernels, the rest -> TVM's legalization; schedule ours."""
@@ -92,7 +105,7 @@ class Pipeline:
             seq.append(self._schedule_pass())
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
-        return lowered, _report(lowered, groups, fuse)
+        return lowered, _report(lowered, groups, fuse, self.placement)
 
     def _lower_with_tvm_fusion(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
         """TVM's own fusion (FuseOps + FuseTIR) with our default schedules on its kernels."""
@@ -128,8 +141,9 @@ class Pipeline:
                 ) from err
             raise CompileError(f"TVM failed to build the lowered module: {_last_line(err)}") from err
         report.memory = plan.reports.get("main")
+        devices = [d.name for d in self.placement.devices] if self.placement is not None else []
         return CompiledModel(executable, signature_of(source), report, str(self.target), entry=plan.entry,
-                             outputs=outputs_of(source), dim_bounds=dim_bounds_of(source))
+                             outputs=outputs_of(source), dim_bounds=dim_bounds_of(source), devices=devices)
 
     def run(self, model: Any, example_inputs: Sequence[Any] | None = None,
             shape_dict: dict | None = None) -> CompiledModel:
@@ -150,7 +164,8 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
             fusion: Any = "autofuse", passes: Sequence[tvm.ir.transform.Pass] = (),
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
             registry: OpRegistry = OPS, exact_math: bool = False, tuning_db: Any = None,
-            block_conv: bool = True) -> CompiledModel:
+            block_conv: bool = True, group2ctx: dict[str, Any] | None = None,
+            device_labels: dict[str, str] | None = None) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``), a
@@ -165,9 +180,14 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     ``schedules.TuningDatabase``, filled by ``tvm_ext.tune``) gives every kernel it has records
     for its best measured schedule; the others keep the heuristic's. ``block_conv=False`` keeps
     convolutions in NCHW instead of the channel-blocked NCHW16c (``relay_passes.BlockConvLayout``).
+    ``group2ctx`` (``{"dev1": "cpu:0", "dev2": "cpu:1"}``, a device optionally with its own
+    target: ``{"device": "cpu:1", "target": "x86-64"}``) places the nodes labelled with each
+    group (``sym.AttrScope(ctx_group=...)``, or ``device_labels={node or input name: group}``
+    for any model) on its device, with copies between devices (``relay_passes.PlaceDevice``).
     """
     pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry,
-                        exact_math=exact_math, tuning_db=tuning_db, block_conv=block_conv)
+                        exact_math=exact_math, tuning_db=tuning_db, block_conv=block_conv, group2ctx=group2ctx,
+                        device_labels=device_labels)
     return pipeline.run(model, example_inputs, shape_dict)
 
 
@@ -213,15 +233,18 @@ def unlowered_ops(mod: tvm.IRModule) -> list[tuple[str, str]]:
     return found
 
 
-def _report(lowered: tvm.IRModule, groups: MakeGroups, fuse: FuseCompile) -> FusionReport:
+def _report(lowered: tvm.IRModule, groups: MakeGroups, fuse: FuseCompile,
+            placement: PlaceDevice | None = None) -> FusionReport:
     kernels, views = kernels_of(lowered)
-    decisions = []
+    decisions = [Decision(p.node, "", "place", f"{p.device}: {p.reason}") for p in placement.decisions] \
+        if placement is not None else []
     for part in groups.partitions:
         for d in part.decisions:
             node = part.graph[d.node]
             decisions.append(Decision(node.name, (node.op or node.kind).replace("relax.", ""), d.action, d.reason))
     decisions += [Decision(node, op, "stage", why) for node, op, why in fuse.log.stages]
-    return FusionReport(kernels, views, decisions, dict(fuse.log.fallbacks))
+    copies = [asdict(c) for c in placement.copies] if placement is not None else []
+    return FusionReport(kernels, views, decisions, dict(fuse.log.fallbacks), copies=copies)
 
 
 def _last_line(err: Exception) -> str:

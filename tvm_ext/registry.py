@@ -100,6 +100,7 @@ class OpDef:
     lower: Lowering | None = None  # Loop-IR lowering; None keeps TVM's legalization
     gradient: GradientRule | None = None  # (call, output, out_grad, bb) -> adjoint per argument
     inplace: tuple[tuple[int, int], ...] = ()  # (input, output) pairs that may share memory
+    mutates: tuple[int, ...] = ()  # inputs the op updates in place (NNVM's FMutateInputs): same device only
     view: bool = False  # a pure re-indexing that TVM can turn into a zero-copy reshape
     doc: str = ""
     tags: frozenset = field(default_factory=frozenset)

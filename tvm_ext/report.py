@@ -23,6 +23,7 @@ class KernelInfo:
     bytes_written: int | None
     schedule: str = ""
     loop_ir: str = ""
+    device: str = ""  # where it runs, when PlaceDevice placed the model on several devices
 
 
 @dataclass
@@ -49,6 +50,7 @@ class MemoryReport:
     storages: int = 0  # best-fit blocks, or in-place chains placed by offset
     program_order_bound: int | None = None  # the bound of the bindings as emitted
     order: str = "program order (bindings as emitted, topological)"
+    per_device: dict = field(default_factory=dict)  # device name -> planned bytes, when placed on several
 
     def __str__(self) -> str:
         def mb(n):
@@ -59,7 +61,9 @@ class MemoryReport:
                 f"{self.inplace} in place), naive {mb(self.naive)}, TVM StaticPlanBlockMemory "
                 f"{mb(self.tvm_static)}, lower bound {mb(self.lower_bound)} ({ratio} of it); {self.order}"
                 + (f", whose bound is below the program order's {mb(self.program_order_bound)}"
-                   if self.program_order_bound and self.program_order_bound > self.lower_bound else ""))
+                   if self.program_order_bound and self.program_order_bound > self.lower_bound else "")
+                + ("; planned per device: " + ", ".join(f"{d} {mb(n)}" for d, n in self.per_device.items())
+                   if self.per_device else ""))
 
 
 @dataclass
@@ -69,6 +73,7 @@ class FusionReport:
     decisions: list[Decision] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)  # group -> why TVM kept its ops
     memory: MemoryReport | None = None  # PlanMemory's figures for ``main`` (None: not planned)
+    copies: list[dict] = field(default_factory=list)  # PlaceDevice's copies: value, source, destination, nbytes
 
     @property
     def num_kernels(self) -> int:
@@ -85,7 +90,7 @@ class FusionReport:
     def from_dict(cls, data: dict) -> "FusionReport":
         return cls([KernelInfo(**k) for k in data.get("kernels", [])], list(data.get("views", [])),
                    [Decision(**d) for d in data.get("decisions", [])], dict(data.get("fallbacks", {})),
-                   MemoryReport(**data["memory"]) if data.get("memory") else None)
+                   MemoryReport(**data["memory"]) if data.get("memory") else None, list(data.get("copies", [])))
 
     def __str__(self) -> str:
         ours = sum(1 for k in self.kernels if k.source == "ours")
@@ -95,9 +100,11 @@ class FusionReport:
                  f"{'#':>3} {'kernel':34s} {'pattern':15s} {'read':>9s} {'written':>9s}  ops"]
         for i, k in enumerate(self.kernels):
             ops = ", ".join(k.ops)
-            tag = "" if k.source == "ours" else " [tvm]"
+            tag = ("" if k.source == "ours" else " [tvm]") + (f" on {k.device}" if k.device else "")
             lines.append(f"{i:>3} {k.name[:34]:34s} {k.pattern:15s} {_mb(k.bytes_read):>9s} "
                          f"{_mb(k.bytes_written):>9s}  {ops}{tag}")
+        for c in self.copies:
+            lines.append(f"copy {c['value']}: {c['source']} -> {c['destination']}, {_mb(c['nbytes'])}")
         if self.views:
             lines.append(f"views (no kernel): {', '.join(self.views)}")
         for name, why in self.fallbacks.items():
@@ -154,7 +161,23 @@ def kernels_of(mod: tvm.IRModule, entry: str = "main") -> tuple[list[KernelInfo]
     return kernels, views
 
 
+def _device_of(mod: tvm.IRModule, call: relax.Call) -> str:
+    """The device name ("cpu:1") a call's result is placed on, "" in a module not placed."""
+    names = mod.attrs.get(attrs.DEVICES) if mod.attrs is not None else None
+    ty = call.ty.fields[0] if isinstance(call.ty, relax.TupleType) and call.ty.fields else call.ty
+    vdevice = getattr(ty, "vdevice", None)
+    if names is None or vdevice is None or not 0 <= int(vdevice.vdevice_id) < len(names):
+        return ""
+    return str(names[int(vdevice.vdevice_id)])
+
+
 def _kernel_info(mod: tvm.IRModule, call: relax.Call) -> KernelInfo:
+    info = _kernel_info_of(mod, call)
+    info.device = _device_of(mod, call)
+    return info
+
+
+def _kernel_info_of(mod: tvm.IRModule, call: relax.Call) -> KernelInfo:
     gv = call.args[0]
     prim = mod[gv]
     n_in = len(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else 1
