@@ -15,8 +15,11 @@ expression (``ceil(s0/s0b)``). Transformations follow the seed's rules and raise
 - a reorder permutes the axes.
 
 ``loop_axis`` is the loop stop axis: it and the axes before it are loops; the axes after it
-are the data one step computes, which a CPU vectorizes (``vectorized_axis``, with the
-strides of that buffer in ``vectorized_stride``). Every transformation is also recorded as
+are the data one step computes (``computed_axis``), which a CPU vectorizes. The output
+buffer is a separate position, ``buffer_axis``: the loop that allocates it (the seed's
+``buffer[s1 * s2 * s3]`` under ``q0``), so the buffer spans the axes after it
+(``vectorized_axis``, with its strides in ``vectorized_stride``). By default the buffer sits at
+the loop axis and holds one step's data, which is what our CPU policies build. Every transformation is also recorded as
 a step, so the ImplGraph can be applied to a ``tvm.s_tir.Schedule`` (``schedule_result``).
 """
 from __future__ import annotations
@@ -24,6 +27,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace
+
+
+AT_LOOP_AXIS = "<at loop_axis>"  # ImplGraph.buffer_axis's default: the buffer holds one step's data
 
 
 class AxisType(enum.Enum):
@@ -76,6 +82,7 @@ class ImplGraph:
     axis: list[Axis]
     loop_axis: str | None = None
     steps: list[Step] = field(default_factory=list)
+    buffer_axis: str | None = AT_LOOP_AXIS  # the loop that allocates the output buffer (None: outside all)
     parallel: str | None = None
     unrolled: list[str] = field(default_factory=list)
     sch: object = field(default=None, repr=False)  # tvm.s_tir.Schedule when bound
@@ -185,6 +192,14 @@ class ImplGraph:
             self[name]
         self.loop_axis = name
 
+    def set_buffer_axis(self, name: str | None) -> None:
+        """The buffer is allocated inside loop ``name`` (None: outside every loop); it must
+        not sit below the loop axis, whose steps each write a part of it."""
+        if name is not None and self.loop_axis is not None and self.index(name) > self.index(self.loop_axis):
+            raise AxisRuleError(f"{self.block}: the buffer cannot sit inside {name}, below the loop axis "
+                                f"{self.loop_axis}: each step writes a part of it")
+        self.buffer_axis = name
+
     def mark_parallel(self, name: str) -> None:
         """Run ``name`` across the cores (the BlockOuter axis, or the outermost loop)."""
         self[name]
@@ -214,11 +229,18 @@ class ImplGraph:
         return out
 
     # ------------------------------------------------------------------ the seed's output fields
+    def _after(self, name: str | None) -> list[str]:
+        return self.names if name is None else self.names[self.index(name) + 1:]
+
+    @property
+    def computed_axis(self) -> list[str]:
+        """The axes one step computes: those after ``loop_axis`` (all of them if it is None)."""
+        return self._after(self.loop_axis)
+
     @property
     def vectorized_axis(self) -> list[str]:
-        """The axes one step computes: those after ``loop_axis`` (all of them if it is None)."""
-        start = 0 if self.loop_axis is None else self.index(self.loop_axis) + 1
-        return self.names[start:]
+        """The axes the output buffer spans: those after ``buffer_axis``."""
+        return self._after(self.loop_axis if self.buffer_axis == AT_LOOP_AXIS else self.buffer_axis)
 
     def merge_all(self, names: list[str]) -> str:
         """Merge ``names`` (consecutive) into one axis; a single name is returned as is."""
@@ -229,18 +251,25 @@ class ImplGraph:
         sizes = [self[n].size for n in self.vectorized_axis]
         return [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
 
+    @property
+    def vectorized_stride_expr(self) -> list[str]:
+        """The strides as the seed writes them: ``[s2*s3, s3, 1]``."""
+        exprs = [self[n].size_expr for n in self.vectorized_axis]
+        return ["*".join(exprs[i + 1:]) or "1" for i in range(len(exprs))]
+
     def table(self) -> str:
         """The axis table: name, type, size, from, split_pair, and the loop / vector roles."""
         rows = [f"ImplGraph of {self.block}: sched.axis = [{', '.join(self.names)}], "
                 f"sched.loop_axis = {self.loop_axis}",
-                f"  vectorized_axis = [{', '.join(self.vectorized_axis)}], "
-                f"vectorized_stride = {self.vectorized_stride}",
+                f"  computed_axis = [{', '.join(self.computed_axis)}], "
+                f"vectorized_axis = [{', '.join(self.vectorized_axis)}], "
+                f"vectorized_stride = [{', '.join(self.vectorized_stride_expr)}] = {self.vectorized_stride}",
                 f"  {'axis':10s} {'type':11s} {'size':>6s} {'expr':18s} {'from':12s} {'split_pair':10s} role"]
         for a in self.axis:
             role = []
             if a.name == self.parallel:
                 role.append("parallel")
-            if a.name in self.vectorized_axis:
+            if a.name in self.computed_axis:
                 role.append("vector")
             if a.name in self.unrolled:
                 role.append("unroll")

@@ -76,13 +76,24 @@ def test_a_split_axis_that_was_reordered_cannot_merge():
     assert g[g.merge("z0", "z1T")].size == 8
 
 
-def test_loop_axis_and_vectorized_fields():
-    # seed: four axes, loop axis z1: the step computes [z1? no: z2, z3] with strides [s3, 1]
+def test_loop_axis_and_vectorized_fields_of_the_seeds_example():
+    # the seed: four axes; the loop stops at z1, the buffer is allocated under q0, so each step
+    # computes z2 x z3 and the buffer spans z1, z2, z3 with strides [s2*s3, s3, 1]
     g = ImplGraph.of_block("B", [2, 3, 4, 5])
     g.set_loop_axis("z1")
-    assert g.vectorized_axis == ["z2", "z3"] and g.vectorized_stride == [5, 1]
+    g.set_buffer_axis("z0")
+    assert g.names == ["z0", "z1", "z2", "z3"] and g.loop_axis == "z1"
+    assert g.computed_axis == ["z2", "z3"]
+    assert g.vectorized_axis == ["z1", "z2", "z3"] and g.vectorized_stride == [20, 5, 1]
+    assert g.vectorized_stride_expr == ["s2*s3", "s3", "1"]
     table = g.table()
-    assert "sched.loop_axis = z1" in table and "vectorized_stride = [5, 1]" in table
+    assert "sched.loop_axis = z1" in table and "vectorized_stride = [s2*s3, s3, 1] = [20, 5, 1]" in table
+    with pytest.raises(AxisRuleError, match="below the loop axis z1"):
+        g.set_buffer_axis("z2")
+    # by default the buffer holds one step's data (what a vectorized CPU loop writes)
+    h = ImplGraph.of_block("B", [2, 3, 4, 5])
+    h.set_loop_axis("z1")
+    assert h.vectorized_axis == h.computed_axis == ["z2", "z3"] and h.vectorized_stride == [5, 1]
 
 
 # --------------------------------------------------------------------------- policies
