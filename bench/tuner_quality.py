@@ -49,75 +49,43 @@ from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
 R = relax.op
 
 
-def _module(build) -> tvm.IRModule:
+def _of(shape: tuple, body) -> tvm.IRModule:
+    """``main(x) = body(x)`` for a float32 ``x`` of ``shape``."""
     bb = relax.BlockBuilder()
-    build(bb)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(body(x))
+        bb.emit_func_output(gv)
     return bb.get()
 
 
 def _layer_norm(rows: int, cols: int):
-    def build(bb):
-        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
-        g, b = relax.const(np.ones(cols, "float32")), relax.const(np.zeros(cols, "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                gv = bb.emit_output(R.nn.layer_norm(x, g, b, axes=[-1]))
-            bb.emit_func_output(gv)
-    return _module(build)
+    g, b = relax.const(np.ones(cols, "float32")), relax.const(np.zeros(cols, "float32"))
+    return _of((rows, cols), lambda x: R.nn.layer_norm(x, g, b, axes=[-1]))
 
 
-def _log_softmax(rows: int, cols: int):
-    def build(bb):
-        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                gv = bb.emit_output(R.nn.log_softmax(x))
-            bb.emit_func_output(gv)
-    return _module(build)
+def _weight(k: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    return relax.const(rng.standard_normal((k, n)).astype("float32") / math.sqrt(k)), rng
 
 
 def _linear_relu(m: int, k: int, n: int):
-    rng = np.random.default_rng(0)
-    w = relax.const(rng.standard_normal((k, n)).astype("float32") / math.sqrt(k))
+    w, rng = _weight(k, n, 0)
     bias = relax.const(rng.standard_normal(n).astype("float32"))
-
-    def build(bb):
-        x = relax.Var("x", relax.TensorType((m, k), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                gv = bb.emit_output(R.nn.relu(R.add(R.matmul(x, w), bias)))
-            bb.emit_func_output(gv)
-    return _module(build)
-
-
-def _softmax(rows: int, cols: int):
-    def build(bb):
-        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                gv = bb.emit_output(R.nn.softmax(x))
-            bb.emit_func_output(gv)
-    return _module(build)
+    return _of((m, k), lambda x: R.nn.relu(R.add(R.matmul(x, w), bias)))
 
 
 def _linear_gelu(m: int, k: int, n: int):
-    rng = np.random.default_rng(1)
-    w = relax.const(rng.standard_normal((k, n)).astype("float32") / math.sqrt(k))
-
-    def build(bb):
-        x = relax.Var("x", relax.TensorType((m, k), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                gv = bb.emit_output(R.nn.gelu(R.matmul(x, w)))
-            bb.emit_func_output(gv)
-    return _module(build)
+    w, _ = _weight(k, n, 1)
+    return _of((m, k), lambda x: R.nn.gelu(R.matmul(x, w)))
 
 
 def workloads(quick: bool) -> dict[str, tvm.IRModule]:
     """Two kernel classes, each with tasks of several sizes (what transfer draws on)."""
     s = 4 if quick else 1
-    return {"layer_norm": _layer_norm(2048 // s, 768), "log_softmax": _log_softmax(1024 // s, 1024),
-            "softmax": _softmax(4096 // s, 256), "linear_relu": _linear_relu(128 // s, 256, 512),
+    return {"layer_norm": _layer_norm(2048 // s, 768), "log_softmax": _of((1024 // s, 1024), R.nn.log_softmax),
+            "softmax": _of((4096 // s, 256), R.nn.softmax), "linear_relu": _linear_relu(128 // s, 256, 512),
             "linear_gelu": _linear_gelu(256 // s, 512, 256)}
 
 
