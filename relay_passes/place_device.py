@@ -107,6 +107,8 @@ class Placement:
 
 @dataclass
 class Copy:
+    """One ``R.to_vdevice`` the pass inserted: ``value`` from ``source`` to ``destination``."""
+
     value: str
     source: str
     destination: str
@@ -140,10 +142,11 @@ class PlaceDevice:
     # ------------------------------------------------------------------ the pass
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         func = mod[self.func_name]
+        self.decisions, self.copies = [], []
         labels = self._labels(func)
         self.devices = self._device_list()
         self._vdevices = {d: VDevice(d.target, i, "global") for i, d in enumerate(self.devices)}  # one object each
-        device_of, grad_of = self._place(func, labels)
+        device_of = self._place(func, labels)
         self._check_mutations(func, device_of)
         new_func = self._rewrite(func, device_of)
         out = tvm.IRModule({gv: f for gv, f in mod.functions_items()}, attrs=mod.attrs,
@@ -190,7 +193,8 @@ class PlaceDevice:
     def _log(self, node: str, device: Device, reason: str) -> None:
         self.decisions.append(Placement(node, device.name, reason))
 
-    def _place(self, func: relax.Function, labels: dict[str, str]) -> tuple[dict, dict]:
+    def _place(self, func: relax.Function, labels: dict[str, str]) -> dict:
+        """Each parameter and binding variable -> its Device (tuples have none)."""
         device_of: dict = {}
         for p in func.params:
             group = labels.get(p.name)
@@ -247,7 +251,7 @@ class PlaceDevice:
             if b.var not in device_of:
                 device_of[b.var], why[b.var] = self.default, "default device"
             self._log(b.var.name, device_of[b.var], why[b.var])
-        return device_of, grad_of
+        return device_of
 
     def _check_mutations(self, func: relax.Function, device_of: dict) -> None:
         """The seed's legality check: an op may mutate an input only on the input's own device."""
