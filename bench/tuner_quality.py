@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -43,7 +42,7 @@ from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
 from schedules.features import candidate_features, per_store_features  # noqa: E402
 from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
 from schedules.tasks import Task  # noqa: E402
-from schedules.tuner import TuneOptions, Tuner, likeness  # noqa: E402
+from schedules.tuner import TuneOptions, Tuner, transfer_weights  # noqa: E402
 from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
 
 R = relax.op
@@ -170,10 +169,8 @@ def held_out_quality(samples: dict[str, list[Sample]], k: int = 3, seeds: int = 
             ok = [s for s in own if math.isfinite(s.ms)]
             rng.shuffle(ok)
             held, train = ok[:len(ok) // 2], ok[len(ok) // 2:]
-            fade = 8 / (8 + len(train))
-            train += [replace(s, weight=fade * likeness(own[0].features, s.features))
-                      for other, ss in samples.items() if other != name for s in ss
-                      if s.kernel_class == own[0].kernel_class]
+            train += transfer_weights([s for other, ss in samples.items() if other != name for s in ss
+                                       if s.kernel_class == own[0].kernel_class], own[0].features, len(train))
             model = CostModel(seed=seed)
             model.fit(train)
             scores = model.predict(np.stack([s.features for s in held]))

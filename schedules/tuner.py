@@ -295,9 +295,7 @@ class Tuner:
         samples += [s for s in self.transfer if s.task != task.key and s.kernel_class == task.kernel_class]
         if not samples:
             return []
-        here = self._size_of(task)
-        fade = 8 / (8 + own)
-        return [replace(s, weight=s.weight * fade * likeness(here, s.features)) for s in samples]
+        return transfer_weights(samples, self._size_of(task), own)
 
     def _size_of(self, task: Task) -> np.ndarray:
         own = self._own(task)
@@ -370,6 +368,13 @@ class Tuner:
             return {}
         return {"tasks": len(accs), "pairs": pairs, "k": k, "pairwise_accuracy": float(np.mean(accs)),
                 "top_k_quality": float(np.mean(tops))}
+
+
+def transfer_weights(samples: list[Sample], here: np.ndarray, own: int) -> list[Sample]:
+    """Other tasks' samples weighted for a task whose features are ``here`` and which has ``own``
+    measurements: by the kernels' likeness and by ``8 / (8 + own)``."""
+    fade = 8 / (8 + own)
+    return [replace(s, weight=s.weight * fade * likeness(here, s.features)) for s in samples]
 
 
 def likeness(a: np.ndarray, b: np.ndarray) -> float:
