@@ -136,7 +136,13 @@ def test_nan_inf_and_sign_agree_with_pytorch(op, fusion):
     a, b = torch.tensor(_SPECIAL_X), torch.tensor(_SPECIAL_Y)
     module = _Binary(_ELEMENTWISE[op])
     got = tvm_ext.compile(module, (a, b), fusion=fusion, strict=True)(a.numpy(), b.numpy())
-    np.testing.assert_array_equal(got, module(a, b).numpy())
+    want = module(a, b).numpy()
+    # NaN where NaN and each infinity exactly; finite values to 2 ulp: PyTorch's log is the
+    # CPU's vector library, whose last bit varies from one CPU to another
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    special = ~np.isfinite(want)
+    np.testing.assert_array_equal(got[special], want[special])
+    np.testing.assert_allclose(got[~special], want[~special], rtol=2.4e-7, atol=0)
 
 
 # ---- long sums accumulate in blocks (tvm_ext.lowering.SUM_BLOCK elements a partial)
