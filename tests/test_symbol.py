@@ -130,12 +130,13 @@ def test_attributes_and_attr_scope():
             z = sym.exp(y, name="e", attr={"tag": "mine"})
     w = sym.relu(z, name="r")
     assert y.attr("ctx_group") == "dev1" and y.attr("num_hidden") == "3"
-    assert z.list_attr() == {"ctx_group": "dev2", "tag": "mine"}
+    # MXNet's hidden keys (ctx_group, lr_mult, ...) are listed under both names, key and __key__
+    assert z.list_attr() == {"ctx_group": "dev2", "__ctx_group__": "dev2", "tag": "mine"}
     assert w.list_attr() == {}
-    assert w.attr_dict() == {"x": {"lr_mult": "2"}, "fc_weight": {"ctx_group": "dev1", "tag": "outer"},
-                             "fc_bias": {"ctx_group": "dev1", "tag": "outer"},
-                             "fc": {"num_hidden": "3", "no_bias": "False", "ctx_group": "dev1", "tag": "outer"},
-                             "e": {"ctx_group": "dev2", "tag": "mine"}}
+    dev1 = {"ctx_group": "dev1", "__ctx_group__": "dev1", "tag": "outer"}
+    assert w.attr_dict() == {"x": {"lr_mult": "2", "__lr_mult__": "2"}, "fc_weight": dev1, "fc_bias": dev1,
+                             "fc": {"num_hidden": "3", "no_bias": "False", **dev1},
+                             "e": {"ctx_group": "dev2", "__ctx_group__": "dev2", "tag": "mine"}}
     with pytest.raises(InputError, match="string"):
         sym.AttrScope(ctx_group=1)
 
@@ -299,3 +300,30 @@ def test_compiled_cnn_matches_torch():
     np.testing.assert_allclose(prob, y.numpy(), rtol=1e-4, atol=1e-5)
     ref_avg = F.avg_pool2d(t["img"], 3, 1, 1, count_include_pad=False)
     np.testing.assert_allclose(avg, ref_avg.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_mxnet_layer_names_prefix_operators_and_composed_numerics():
+    with sym.NameManager():
+        x = sym.Variable("x")
+        assert sym.Pooling(x, kernel=(2, 2), pool_type="avg").name == "pooling0"
+        assert (x % 2).topo_nodes()[-1].op == "floor_mod" and (x // 2).topo_nodes()[-1].op == "floor_divide"
+        assert x.T.infer_shape(x=(2, 3))[1] == [(3, 2)] and x.exp().name == "exp0"
+        with sym.Prefix("m_"):
+            fc = sym.FullyConnected(x, num_hidden=3, lr_mult=0.5)
+        assert fc.list_arguments() == ["x", "m_fullyconnected0_weight", "m_fullyconnected0_bias"]
+        assert fc.attr("__lr_mult__") == "0.5" and fc.list_attr()["lr_mult"] == "0.5"
+    # composition: a layer built without data, then plugged onto another graph, compiles
+    head = sym.dot(sym.FullyConnected(num_hidden=4, name="fc"), sym.Variable("q"), name="d")
+    net = head(fc_data=sym.Embedding(sym.Variable("idx"), input_dim=6, output_dim=5, name="emb"))
+    assert head.list_arguments()[0] == "fc_data"
+    assert net.list_arguments() == ["idx", "emb_weight", "fc_weight", "fc_bias", "q"]
+    shapes = {"idx": (2, 3), "q": (4, 2, 3)}
+    rng = np.random.default_rng(3)
+    arg_shapes, out_shapes, _ = net.infer_shape(**shapes)
+    assert out_shapes == [(2, 3, 2, 3)]
+    values = {n: rng.standard_normal(s).astype("float32") for n, s in zip(net.list_arguments(), arg_shapes)}
+    values["idx"] = np.array([[0, 5, 2], [1, 1, 4]], "float32")  # MXNet's indices are float32
+    got = _run(tvm_ext.compile(net, shape_dict=shapes), net, values)
+    v = values
+    h = v["emb_weight"][v["idx"].astype(int)] @ v["fc_weight"].T + v["fc_bias"]
+    np.testing.assert_allclose(got, np.tensordot(h, v["q"], 1), rtol=1e-5, atol=1e-5)

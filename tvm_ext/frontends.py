@@ -6,9 +6,10 @@ import os
 import warnings
 from typing import Any, Sequence
 
+import numpy as np
 import tvm
 
-from tvm_ext.errors import FrontendError
+from tvm_ext.errors import FrontendError, InputError
 from tvm_ext.symbol import Symbol
 
 
@@ -273,7 +274,17 @@ def import_model(model: Any, example_inputs: Sequence[Any] | None = None,
     if isinstance(model, tvm.IRModule):
         return model
     if isinstance(model, Symbol):  # shape_dict: the shapes of some inputs; the rest are inferred
-        return model.to_relax(shapes=dict(shape_dict or {}))
+        shapes, dtypes = dict(shape_dict or {}), {}
+        if example_inputs is not None:  # arrays for the symbol's first inputs (list_inputs order)
+            names = model.list_inputs()
+            if len(example_inputs) > len(names):
+                raise InputError(f"{len(example_inputs)} example inputs for a symbol with {len(names)} inputs "
+                                 f"{names}")
+            for name, value in zip(names, example_inputs):
+                arr = np.asarray(value)
+                shapes.setdefault(name, arr.shape)
+                dtypes[name] = str(arr.dtype)
+        return model.to_relax(shapes=shapes, dtypes=dtypes)
     if isinstance(model, (str, os.PathLike)) and str(model).endswith(".onnx"):
         return from_onnx(model, shape_dict)
     kind = f"{type(model).__module__}.{type(model).__name__}"

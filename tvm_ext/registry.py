@@ -51,6 +51,8 @@ class OpNode:
 Lowering = Callable[[OpNode], Union[TensorValue, Sequence[TensorValue]]]
 PatternRule = Union[OpPattern, Callable[[relax.Call], OpPattern]]
 ShapeRule = Callable[[tuple, dict], dict]  # (data shape, attrs) -> {input name: shape}
+# (input shapes, output shape, attrs) -> input shapes; None = unknown, a 0 dim = unknown dim (MXNet's)
+InputShapeRule = Callable[[list, "tuple | None", dict], list]
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class SymbolOp:
     required: tuple[str, ...] = ()  # attributes without a default
     optional: dict = field(default_factory=dict)  # input name -> attribute that, when true, drops it
     param_shapes: ShapeRule | None = None
+    input_shapes: InputShapeRule | None = None  # NNVM's backward partial rule for what TVM cannot tell
     num_outputs: int | Callable[[dict], int] = 1
     variadic: bool = False  # any number of positional tensor inputs (concat); ``inputs`` unused
     aliases: tuple[str, ...] = ()  # MXNet names, e.g. "FullyConnected"
@@ -105,6 +108,7 @@ class OpDef:
     doc: str = ""
     tags: frozenset = field(default_factory=frozenset)
     symbol: SymbolOp | None = None  # how tvm_ext.symbol builds it, when its Relax call alone is not enough
+    symbols: tuple[SymbolOp, ...] = ()  # more Symbol-API ops built on this Relax op (MXNet's dot, batch_dot)
 
     def pattern_of(self, call: relax.Call) -> OpPattern:
         return self.pattern(call) if callable(self.pattern) else self.pattern

@@ -9,19 +9,26 @@ and dtype (MXNet's elemwise rule), and a unary elementwise op's input has its ou
 shape. Both directions repeat until nothing changes (a fixed point); any two values that
 disagree raise a ``ShapeError`` (or ``DtypeError``) naming the node, its op and both values.
 Arguments no rule gives a dtype are float32.
+
+Shapes follow MXNet's convention: a 0 in a shape is an unknown dim, which inference fills
+((128, 0) -> (128, 784)); a shape nothing fixes is unknown (``()`` in ``infer_shape_partial``).
+Forward, unknown dims enter TVM's inference as symbolic dims, so an output dim that is one of
+them flows back into the input it came from once the output is known (NNVM's backward pass).
 """
 from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tvm import relax
+import numpy as np
+from tvm import relax, tirx
 
 from tvm_ext.errors import CompileError, DtypeError, InputError, ShapeError
 from tvm_ext.patterns import OpPattern
-from tvm_ext.symbol import Node, NodeEntry, OpInfo, Symbol, format_attr, op_spec
+from tvm_ext.symbol import Node, NodeEntry, OpInfo, Symbol, dtype_name, format_attr, op_spec
 
 DEFAULT_DTYPE = "float32"
 _SHARED_OPERANDS = ("x1", "x2", "x3")  # Relax names of elementwise operands that share shape and dtype
@@ -38,12 +45,18 @@ class GraphTypes:
 
     symbol: Symbol
     nodes: list[Node]
-    shapes: dict[Key, Shape] = field(default_factory=dict)
+    partial: dict[Key, Shape] = field(default_factory=dict)  # known shapes, 0 where a dim is unknown
     dtypes: dict[Key, str] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)  # nodes whose outputs are fully known
 
+    @property
+    def shapes(self) -> dict[Key, Shape]:
+        """The complete shapes (no unknown dim): what a Relax function can be typed with."""
+        return {k: s for k, s in self.partial.items() if all(s)}
+
     def shape(self, entry: NodeEntry) -> Shape | None:
-        return self.shapes.get((id(entry.node), entry.index))
+        """The entry's shape as far as known (0 for unknown dims), None if not even its rank is."""
+        return self.partial.get((id(entry.node), entry.index))
 
     def dtype(self, entry: NodeEntry) -> str | None:
         return self.dtypes.get((id(entry.node), entry.index))
@@ -61,26 +74,43 @@ class GraphTypes:
 
 def infer_shape(symbol: Symbol, known: dict[str, Sequence[int]], partial: bool = False) -> Inferred:
     """(arg_shapes, out_shapes, aux_shapes) in ``list_arguments`` / ``list_outputs`` /
-    ``list_auxiliary_states`` order; ``partial`` leaves ``None`` where nothing fixes a shape."""
+    ``list_auxiliary_states`` order, as MXNet's: ``partial`` gives what is known (``()`` where
+    nothing fixes a shape, 0 for an unknown dim); otherwise an incomplete result is
+    ``(None, None, None)``, with a warning that names the shapes to give."""
     types = infer(symbol, known, {})
     args, aux = symbol.list_arguments(), symbol.list_auxiliary_states()
-    arg_shapes, aux_shapes = types.of_names(args, types.shapes), types.of_names(aux, types.shapes)
-    out_shapes = types.of_outputs(types.shapes)
-    if not partial:
-        missing = [n for n, s in zip(args + aux, arg_shapes + aux_shapes) if s is None]
-        if missing:
-            raise ShapeError(f"cannot infer the shapes of {missing} from the shapes given for "
-                             f"{sorted(known)}: no op fixes them. Fix: pass them too, e.g. "
-                             f"infer_shape({missing[0]}=(...)), or give the Variable a shape=")
+    arg_shapes, aux_shapes = types.of_names(args, types.partial), types.of_names(aux, types.partial)
+    out_shapes = types.of_outputs(types.partial)
+    if partial:
+        return ([s if s is not None else () for s in arg_shapes], [s if s is not None else () for s in out_shapes],
+                [s if s is not None else () for s in aux_shapes])
+    missing = [n for n, s in zip(args + aux, arg_shapes + aux_shapes) if s is None or not all(s)]
+    if missing or any(s is None or not all(s) for s in out_shapes):
+        warnings.warn(f"cannot infer the shapes of {missing or symbol.list_outputs()} from the shapes given "
+                      f"for {sorted(known)}: no op fixes them, so infer_shape returns (None, None, None). Fix: "
+                      f"pass them too, e.g. infer_shape({(missing or ['name'])[0]}=(...)), or give the Variable "
+                      "a shape=", stacklevel=3)
+        return None, None, None  # type: ignore[return-value]
     return arg_shapes, out_shapes, aux_shapes
 
 
-def infer_type(symbol: Symbol, known: dict[str, str]) -> Inferred:
-    """(arg_types, out_types, aux_types) as dtype strings."""
+def infer_type(symbol: Symbol, known: dict[str, Any]) -> Inferred:
+    """(arg_types, out_types, aux_types) as numpy dtypes (equal to np.float32 and to "float32";
+    a dtype numpy lacks, such as bfloat16, as its name); the given ones may be numpy types too."""
     types = infer(symbol, {}, known)
     args, aux = symbol.list_arguments(), symbol.list_auxiliary_states()
-    return (types.of_names(args, types.dtypes), types.of_outputs(types.dtypes),
-            types.of_names(aux, types.dtypes))
+    return tuple([_np_dtype(d) for d in ds] for ds in (  # type: ignore[return-value]
+        types.of_names(args, types.dtypes), types.of_outputs(types.dtypes), types.of_names(aux, types.dtypes)))
+
+
+def _np_dtype(name: str | None) -> Any:
+    """``name`` as a numpy dtype (MXNet's infer_type gives numpy types), else the name itself."""
+    if name is None:
+        return None
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return name
 
 
 def infer(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, str]) -> GraphTypes:
@@ -98,16 +128,16 @@ def _seed(types: GraphTypes, variables: dict[str, Node], shapes: dict[str, Seque
     for name in {**shapes, **dtypes}:
         if name not in variables:
             raise InputError(f"'{name}' is not an input of this symbol; its inputs are {sorted(variables)}")
-    for name, node in variables.items():
+    for name, node in variables.items():  # a value given overrides the Variable's hint, as in MXNet
         entry = NodeEntry(node, 0)
-        if "shape" in node.attrs:
-            _set_shape(types, entry, tuple(node.attrs["shape"]), None, f"the shape hint of Variable '{name}'")
-        if "dtype" in node.attrs:
-            _set_dtype(types, entry, str(node.attrs["dtype"]), None, f"the dtype hint of Variable '{name}'")
         if name in shapes:
             _set_shape(types, entry, _as_shape(name, shapes[name]), None, f"the shape given for '{name}'")
+        elif "shape" in node.attrs:
+            _set_shape(types, entry, tuple(node.attrs["shape"]), None, f"the shape hint of Variable '{name}'")
         if name in dtypes:
-            _set_dtype(types, entry, str(dtypes[name]), None, f"the dtype given for '{name}'")
+            _set_dtype(types, entry, dtype_name(dtypes[name]), None, f"the dtype given for '{name}'")
+        elif "dtype" in node.attrs:
+            _set_dtype(types, entry, str(node.attrs["dtype"]), None, f"the dtype hint of Variable '{name}'")
 
 
 def _fixed_point(types: GraphTypes, variables: dict[str, Node]) -> None:
@@ -183,27 +213,54 @@ def _backward(types: GraphTypes, node: Node, guess: bool) -> bool:
                 if pname in rule:
                     changed |= _set_shape(types, entry, tuple(int(s) for s in rule[pname]), node,
                                           f"{_attrs_text(node)} and data of shape {data_shape}", pname)
-        if data_dtype is not None:
+        param_dtype = str(node.attrs["dtype"]) if "dtype" in info.spec.attrs else data_dtype  # embedding's own
+        if param_dtype is not None:
             for pname, entry in zip(names[1:], node.inputs[1:]):
-                changed |= _set_dtype(types, entry, data_dtype, node, f"its data's dtype {data_dtype}", pname)
+                changed |= _set_dtype(types, entry, param_dtype, node, f"its data's dtype {param_dtype}", pname)
+        if info.spec.input_shapes is not None:
+            in_shapes = [types.shape(e) for e in node.inputs]
+            new = info.spec.input_shapes(in_shapes, types.shape(NodeEntry(node, 0)), node.attrs)
+            for entry, shape in zip(node.inputs, new):
+                if shape is not None:
+                    changed |= _set_shape(types, entry, tuple(shape), node, f"its rule {_attrs_text(node)}")
         return changed
     out_shape = types.shape(NodeEntry(node, 0))
     operands = _tensor_params(info, node)
     if (out_shape is not None and len(operands) == 1 and operands[0] in _UNARY_OPERANDS
-            and info.opdef.pattern == OpPattern.ELEMWISE and types.shape(node.inputs[0]) is None):
+            and info.opdef.pattern == OpPattern.ELEMWISE):
         changed |= _set_shape(types, node.inputs[0], out_shape, node, "its output (elementwise)")
+    pattern = info.opdef.pattern
+    if not (callable(pattern) or pattern in (OpPattern.ELEMWISE, OpPattern.BROADCAST)):
+        return changed  # matmul's x1 and x2 are no elementwise operands
     shared = [e for p, e in zip(operands, node.inputs) if p in _SHARED_OPERANDS]
     known = [types.shape(e) for e in shared if types.shape(e) is not None] or [out_shape] * (out_shape is not None)
-    if guess and known and all(s == known[0] for s in known):  # MXNet's elemwise ops: one shape
+    merged = _merge_all(known)
+    if guess and merged is not None:  # MXNet's elemwise ops: one shape (unknown dims filled from the others)
         for e in shared:
-            if types.shape(e) is None:
-                changed |= _set_shape(types, e, known[0], node, "its other operand (elementwise)")
+            changed |= _set_shape(types, e, merged, node, "its other operand (elementwise)")
     dts = [types.dtype(e) for e in shared if types.dtype(e) is not None]
     if dts:
         for e in shared:
             if types.dtype(e) is None:
                 changed |= _set_dtype(types, e, dts[0], node, "its other operand")
     return changed
+
+
+def _merge(a: Shape, b: Shape) -> Shape | None:
+    """One shape that both partial shapes describe (0 = unknown dim), or None if they disagree."""
+    if len(a) != len(b) or any(x and y and x != y for x, y in zip(a, b)):
+        return None
+    return tuple(x or y for x, y in zip(a, b))
+
+
+def _merge_all(shapes: list[Shape]) -> Shape | None:
+    """The merge of every shape given, or None if there are none or two disagree."""
+    if not shapes:
+        return None
+    out: Shape | None = shapes[0]
+    for other in shapes[1:]:
+        out = _merge(out, other) if out is not None else None
+    return out
 
 
 def _tensor_params(info: OpInfo, node: Node) -> list[str]:
@@ -219,44 +276,66 @@ def _forward(types: GraphTypes, node: Node) -> bool:
     if any(d is None for d in in_dtypes):
         return False
     in_shapes = [types.shape(e) for e in node.inputs]
-    complete = all(s is not None for s in in_shapes)
-    params = [relax.Var(e.name, relax.TensorType(s, d) if s is not None else relax.TensorType(None, d, ndim=-1))
-              for e, s, d in zip(node.inputs, in_shapes, in_dtypes)]
+    complete = all(s is not None and all(s) for s in in_shapes)
+    dims: dict[tuple[int, int, int], tirx.Var] = {}  # an unknown dim of an entry: one symbolic var
+    sources: dict[str, list[tuple[int, int]]] = {}  # var name -> the (input, dim) positions it stands for
+    params = []
+    for j, (e, s, d) in enumerate(zip(node.inputs, in_shapes, in_dtypes)):
+        if s is None:
+            params.append(relax.Var(e.name, relax.TensorType(None, d, ndim=-1)))
+            continue
+        values = []
+        for k, v in enumerate(s):
+            if v:
+                values.append(v)
+                continue
+            var = dims.setdefault((id(e.node), e.index, k), tirx.Var(f"unknown_dim{len(dims)}", "int64"))
+            sources.setdefault(var.name, []).append((j, k))
+            values.append(var)
+        params.append(relax.Var(e.name, relax.TensorType(values, d)))
     bb = relax.BlockBuilder()
     bb._begin_dataflow_block()
     try:
         out = bb.emit(op_spec(node.op).emit(bb, params, node.attrs, node.name), node.name)
     except (TypeError, ValueError, RuntimeError, CompileError) as err:
-        if not complete:
-            return False  # some rule needs the shapes: wait for them
-        raise _forward_error(node, in_shapes, in_dtypes, err) from None
+        error = _forward_error(node, in_shapes, in_dtypes, err)
+        if not complete and not (isinstance(error, DtypeError) and _names_a_dtype(err)):
+            return False  # some rule needs the shapes: wait for them (TVM's dtype conflicts show already)
+        raise error from None
     finally:
         bb._end_block()
     fields = out.ty.fields if isinstance(out.ty, relax.TupleType) else [out.ty]
     changed = False
+    learned: dict[int, list[int]] = {}  # input -> its dims as the outputs fix them
     for i, ty in enumerate(fields[:node.num_outputs]):
         entry = NodeEntry(node, i)
-        shape = _static_shape(ty)
+        shape = _symbolic_shape(ty)
         if shape is not None:
-            changed |= _set_shape(types, entry, shape, node, "its inputs (forward)")
+            changed |= _set_shape(types, entry, tuple(v if isinstance(v, int) else 0 for v in shape), node,
+                                  "its inputs (forward)")
+            known = types.shape(entry)
+            for v, dim in zip(shape, known):  # an output dim that is an input's unknown dim, now known
+                for j, k in sources.get(v.name, []) if isinstance(v, tirx.Var) and dim else []:
+                    learned.setdefault(j, list(in_shapes[j]))[k] = dim
         if isinstance(ty, relax.TensorType) and str(ty.dtype) != "void":
             changed |= _set_dtype(types, entry, str(ty.dtype), node, "its inputs (forward)")
+    for j, shape in learned.items():
+        changed |= _set_shape(types, node.inputs[j], tuple(shape), node, "its output (backward)")
     if complete:
         types.done.add(id(node))
     return changed
 
 
-def _static_shape(ty) -> Shape | None:
+def _symbolic_shape(ty) -> list | None:
+    """A tensor type's dims: ints where static, TVM's expressions (a symbolic var ...) elsewhere."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
-    try:
-        return tuple(int(v) for v in ty.shape.values)
-    except TypeError:
-        return None
+    return [int(v) if isinstance(v, tirx.IntImm) else v for v in ty.shape.values]
 
 
 def _forward_error(node: Node, shapes: list, dtypes: list, err: Exception) -> CompileError:
-    inputs = ", ".join(f"'{e.name}' {tuple(s)} {d}" for e, s, d in zip(node.inputs, shapes, dtypes))
+    inputs = ", ".join(f"'{e.name}' {tuple(s) if s is not None else 'unknown shape'} {d}"
+                       for e, s, d in zip(node.inputs, shapes, dtypes))
     reason = _tvm_reason(err)
     if isinstance(err, TypeError) or "datatype" in reason or "dtype" in reason.replace("dtype=", ""):
         return DtypeError(f"node '{node.name}' ({node.op}): its inputs have dtypes that do not fit "
@@ -265,6 +344,12 @@ def _forward_error(node: Node, shapes: list, dtypes: list, err: Exception) -> Co
     return ShapeError(f"node '{node.name}' ({node.op}): its inputs have shapes that do not fit "
                       f"({inputs}): {reason}. Fix: check the shapes given for these inputs and the "
                       f"node's attributes {_attrs_text(node)}")
+
+
+def _names_a_dtype(err: Exception) -> bool:
+    """Whether TVM's reason is about dtypes (not an emit rule that needed a static shape)."""
+    reason = _tvm_reason(err).replace("dtype=", "")
+    return "datatype" in reason or "dtype" in reason
 
 
 def _tvm_reason(err: Exception) -> str:
@@ -279,7 +364,7 @@ def _tvm_reason(err: Exception) -> str:
 def _set_shape(types: GraphTypes, entry: NodeEntry, shape: Shape, node: Node | None, source: str,
                role: str | None = None) -> bool:
     """Record ``entry``'s shape; True if it was unknown; a different known shape is a ShapeError."""
-    return _set(types.shapes, entry, shape, node, source, role, "shape")
+    return _set(types.partial, entry, shape, node, source, role, "shape")
 
 
 def _set_dtype(types: GraphTypes, entry: NodeEntry, dtype: str, node: Node | None, source: str,
@@ -297,6 +382,10 @@ def _set(table: dict[Key, Any], entry: NodeEntry, value: Any, node: Node | None,
         return True
     if old == value:
         return False
+    if kind == "shape" and _merge(old, value) is not None:  # partial shapes that agree: fill the unknown dims
+        merged = _merge(old, value)
+        table[key] = merged
+        return merged != old
     error = ShapeError if kind == "shape" else DtypeError
     what = _describe(entry, node, role)
     if node is None:

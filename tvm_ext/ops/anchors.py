@@ -54,7 +54,54 @@ DENSE = SymbolOp("dense", _dense_emit, inputs=("data", "weight", "bias"), attrs=
                  doc="Fully connected layer on the last axis: data @ weight^T + bias (no implicit flatten).")
 
 
-@register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_matmul, symbol=DENSE)
+def _static_dims(x, what: str) -> list:
+    """The dims of a tensor expression (ints where static); a ShapeError if its shape is unknown."""
+    if not isinstance(x.ty, relax.TensorType) or not isinstance(x.ty.shape, relax.ShapeExpr):
+        raise ShapeError(f"{what} needs the shapes of its inputs")
+    return [int(d) if isinstance(d, tirx.IntImm) else d for d in x.ty.shape.values]
+
+
+def _dot_emit(bb, inputs, attrs, name):
+    """MXNet's dot: lhs's last axis against rhs's first; ``transpose_*`` reverse all axes first."""
+    a, b = (bb.emit(relax.op.permute_dims(x), f"{name}_{side}_t") if attrs[f"transpose_{flag}"] else x
+            for x, side, flag in zip(inputs, ("lhs", "rhs"), ("a", "b")))
+    bd = _static_dims(b, f"dot '{name}'")
+    if len(bd) <= 2:
+        return relax.op.matmul(a, b)
+    ad = _static_dims(a, f"dot '{name}'")
+    if not all(isinstance(d, int) for d in bd):
+        raise ShapeError(f"dot '{name}' of a {len(bd)}-d rhs needs its static shape, got {bd}")
+    flat = bb.emit(relax.op.reshape(b, (bd[0], -1)), name + "_rhs_2d")
+    out = bb.emit(relax.op.matmul(a, flat), name + "_matmul")
+    return relax.op.reshape(out, [*ad[:-1], *bd[1:]])
+
+
+def _batch_dot_emit(bb, inputs, attrs, name):
+    """MXNet's batch_dot of (B, M, K) and (B, K, N): one batch size, contracted dims known."""
+    a, b = (bb.emit(relax.op.permute_dims(x, [0, 2, 1]), f"{name}_{side}_t") if attrs[f"transpose_{flag}"] else x
+            for x, side, flag in zip(inputs, ("lhs", "rhs"), ("a", "b")))
+    ad, bd = _static_dims(a, f"batch_dot '{name}'"), _static_dims(b, f"batch_dot '{name}'")
+    if len(ad) != 3 or len(bd) != 3:
+        raise ShapeError(f"batch_dot '{name}' takes 3-d inputs, got shapes {ad} and {bd}")
+    if not isinstance(ad[2], int) or not isinstance(bd[1], int):
+        raise ShapeError(f"batch_dot '{name}' needs the contracted dims, got shapes {ad} and {bd}")
+    if isinstance(ad[0], int) and isinstance(bd[0], int):
+        if ad[0] != bd[0]:
+            raise ShapeError(f"batch_dot '{name}': batch sizes {ad[0]} and {bd[0]} differ")
+    elif isinstance(ad[0], int) or isinstance(bd[0], int) or not ad[0].same_as(bd[0]):
+        b = bb.emit(relax.op.reshape(b, [ad[0], *bd[1:]]), name + "_rhs_batch")  # one (unknown) batch size
+    return relax.op.matmul(a, b)
+
+
+_TRANSPOSES = {"transpose_a": False, "transpose_b": False}
+DOT = SymbolOp("dot", _dot_emit, inputs=("lhs", "rhs"), attrs=dict(_TRANSPOSES),
+               doc="MXNet's dot: contracts lhs's last axis with rhs's first (matmul for a 1-d/2-d rhs).")
+BATCH_DOT = SymbolOp("batch_dot", _batch_dot_emit, inputs=("lhs", "rhs"), attrs=dict(_TRANSPOSES),
+                     doc="MXNet's batch_dot: (B, M, K) x (B, K, N) -> (B, M, N); transpose_* swap the last two axes.")
+
+
+@register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_matmul, symbol=DENSE,
+             symbols=(DOT, BATCH_DOT))
 def _matmul(node: OpNode) -> TensorValue:
     """out[..., i, j] = sum_k a[..., i, k] * b[..., k, j], numpy's 1-d and batch rules."""
     a, b = node.args

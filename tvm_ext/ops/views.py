@@ -118,8 +118,30 @@ def _strided_slice(node: OpNode) -> TensorValue:
     return out
 
 
+def _concat_input_shapes(inputs: list, out: tuple | None, attrs: dict) -> list:
+    """MXNet's partial rule: every dim but ``axis`` is one across inputs and output; the output's
+    ``axis`` dim, less the known ones, is the one unknown input's (0 = unknown dim)."""
+    known = [s for s in [*inputs, out] if s is not None]
+    if not known:
+        return inputs
+    ndim = len(known[0])
+    if any(len(s) != ndim for s in known):
+        return inputs  # TVM's forward rule reports the rank mismatch
+    axis = int(attrs["axis"]) % ndim if ndim else 0
+    dims = [next((s[d] for s in known if s[d]), 0) for d in range(ndim)]
+    shapes = [tuple(dims[d] if d != axis else (s[d] if s is not None else 0) for d in range(ndim))
+              for s in inputs]
+    unknown = [i for i, s in enumerate(shapes) if not s[axis]]
+    if out is not None and out[axis] and len(unknown) == 1:
+        rest = out[axis] - sum(s[axis] for s in shapes)
+        if rest > 0:
+            i = unknown[0]
+            shapes[i] = shapes[i][:axis] + (rest,) + shapes[i][axis + 1:]
+    return shapes
+
+
 CONCAT = SymbolOp("concat", lambda bb, inputs, attrs, name: relax.op.concat(inputs, int(attrs["axis"])),
-                  attrs={"axis": 0}, variadic=True, aliases=("Concat",),
+                  attrs={"axis": 0}, variadic=True, aliases=("Concat",), input_shapes=_concat_input_shapes,
                   doc="Join the tensors given positionally along ``axis``: concat(a, b, c, axis=1).")
 
 
@@ -156,7 +178,22 @@ def _split(node: OpNode) -> list[TensorValue]:
     return outs
 
 
-@register_op("relax.take", OpPattern.INJECTIVE, gradient=_grad_take)
+def _embedding_emit(bb, inputs, attrs, name):
+    """Rows of ``weight`` at ``data`` (MXNet's indices are float32 by default: cast to int32)."""
+    data, weight = inputs
+    if not str(data.ty.dtype).startswith(("int", "uint")):
+        data = bb.emit(relax.op.astype(data, "int32"), name + "_indices")
+    return relax.op.take(weight, data, axis=0)
+
+
+EMBEDDING = SymbolOp("embedding", _embedding_emit, inputs=("data", "weight"), attrs={"dtype": "float32"},
+                     required=("input_dim", "output_dim"), aliases=("Embedding",),
+                     param_shapes=lambda data, attrs: {"weight": (int(attrs["input_dim"]), int(attrs["output_dim"]))},
+                     doc="MXNet's Embedding: weight (input_dim, output_dim) of dtype ``dtype``, "
+                         "out[..., :] = weight[data[...]].")
+
+
+@register_op("relax.take", OpPattern.INJECTIVE, gradient=_grad_take, symbol=EMBEDDING)
 def _take(node: OpNode) -> TensorValue:
     """Gather along an axis with indices loaded from a tensor (negative indices wrap)."""
     x, indices = node.args
