@@ -171,6 +171,8 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
     master = str(func.attrs[attrs.MASTER]) if attrs.MASTER in func.attrs else ""
     prim = prim.with_attrs({attrs.KERNEL: pattern, attrs.OPS: ",".join(ops), attrs.LOOP_IR: kb.describe(),
                             attrs.MASTER: master})
+    if attrs.CORES in func.attrs:
+        prim = prim.with_attr(attrs.CORES, int(func.attrs[attrs.CORES]))
     out_types = [relax.TensorType(s.buffer.shape, s.buffer.dtype) for s in stages]
     return LoweredGroup(prim, const_args, out_types)
 

@@ -12,6 +12,8 @@ import tvm
 from tvm import relax
 
 from relay_passes.tvm_patterns import tvm_op_pattern
+from tvm_ext import attrs
+from tvm_ext.errors import InputError
 from tvm_ext.loop_ir import SUPPORTED_DTYPES
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OPS, OpDef, OpRegistry
@@ -32,6 +34,8 @@ class Node:
     consumers: list[int] = field(default_factory=list)
     is_output: bool = False  # read after the block (a non-dataflow var)
     device: str | None = None  # device label: its ctx_group, else its VDevice; None = any
+    scope: dict = field(default_factory=dict)  # its scope attributes (attrs.SCOPE_KEYS): AutoFuse's scopes
+    control: bool = False  # it has control edges in or out (NNVM's control_deps)
     lowerable: bool = False
     why_not: str = ""  # why our lowering cannot take it (for the report)
 
@@ -53,15 +57,42 @@ class Node:
         return f"%{self.index}:{self.name}={self.op or self.kind}"
 
 
+@dataclass
+class Labels:
+    """What a function's attributes say about its bindings, by binding name: device groups
+    (``tvm_ext.ctx_group``), scope attributes (``tvm_ext.scopes``) and control edges."""
+
+    ctx_groups: dict = field(default_factory=dict)
+    scopes: dict = field(default_factory=dict)
+    control: set = field(default_factory=set)  # bindings with control edges in or out
+
+    @classmethod
+    def of(cls, func: relax.Function) -> Labels:
+        fa = func.attrs if func.attrs is not None else {}
+        groups = {str(k): str(v) for k, v in fa[attrs.CTX_GROUP].items()} if attrs.CTX_GROUP in fa else {}
+        scopes = ({str(k): {str(a): str(b) for a, b in v.items()} for k, v in fa[attrs.SCOPES].items()}
+                  if attrs.SCOPES in fa else {})
+        for name, scope in scopes.items():
+            cores = scope.get(attrs.CORE_SCOPE)
+            if cores is not None and not (cores.isdigit() and int(cores) > 0):
+                raise InputError(f"node '{name}' has {attrs.CORE_SCOPE}={cores!r}; it must be a positive number of "
+                                 f"cores, e.g. sym.AttrScope({attrs.CORE_SCOPE}='1')")
+        control = set()
+        if attrs.CONTROL_DEPS in fa:
+            for k, deps in fa[attrs.CONTROL_DEPS].items():
+                control |= {str(k)} | {str(d) for d in deps}
+        return cls(groups, scopes, control)
+
+
 class DataflowGraph:
     """Nodes of a dataflow block in program (topological) order."""
 
-    def __init__(self, block: relax.DataflowBlock, registry: OpRegistry = OPS,
-                 ctx_groups: dict[str, str] | None = None):
+    def __init__(self, block: relax.DataflowBlock, registry: OpRegistry = OPS, labels: Labels | None = None):
         self.block = block
         self.nodes: list[Node] = []
         self.index_of: dict[relax.Var, int] = {}  # a binding's variable -> its node
         index_of = self.index_of
+        labels = labels or Labels()
         for i, binding in enumerate(block.bindings):
             node = _make_node(i, binding, registry)
             for v in relax.analysis.free_vars(binding.value):
@@ -69,7 +100,9 @@ class DataflowGraph:
                     node.inputs.append(index_of[v])
             node.is_output = not isinstance(binding.var, relax.DataflowVar)
             vdevice = getattr(binding.var.ty, "vdevice", None)
-            node.device = (ctx_groups or {}).get(node.name) or (None if vdevice is None else str(vdevice))
+            node.device = labels.ctx_groups.get(node.name) or (None if vdevice is None else str(vdevice))
+            node.scope = labels.scopes.get(node.name, {})
+            node.control = node.name in labels.control
             index_of[binding.var] = i
             self.nodes.append(node)
         for node in self.nodes:

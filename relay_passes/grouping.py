@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from relay_passes.graph import DataflowGraph
+from relay_passes.graph import DataflowGraph, Labels
 from relay_passes.partition import Group, Partition, Partitioner
 from relay_passes.strategies import PARTITIONERS
 from tvm_ext import attrs
@@ -43,8 +43,7 @@ class MakeGroups:
         rewriter = _GroupRewriter(mod, self)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function) and not _is_primitive(func):
-                groups = func.attrs.get(attrs.CTX_GROUP) if func.attrs is not None else None
-                rewriter.ctx_groups = {str(k): str(v) for k, v in groups.items()} if groups else {}
+                rewriter.labels = Labels.of(func)
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return rewriter.builder_.get()
 
@@ -59,10 +58,10 @@ class _GroupRewriter(PyExprMutator):
         super().__init__(mod)
         self.owner = owner
         self.names = {gv.name_hint for gv in mod.get_global_vars()}
-        self.ctx_groups: dict[str, str] = {}
+        self.labels = Labels()
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock):
-        graph = DataflowGraph(block, self.owner.registry, self.ctx_groups)
+        graph = DataflowGraph(block, self.owner.registry, self.labels)
         part = self.owner.partitioner(graph)
         self.owner.partitions.append(part)
         self.builder_._begin_dataflow_block()
@@ -110,6 +109,9 @@ def outline_group(graph: DataflowGraph, group: Group, name: str):
     master = graph[group.master if group.master >= 0 else group.root]
     fattrs = {"Primitive": True, attrs.GROUP: group.gid, attrs.PATTERN: str(group.pattern),
               attrs.MASTER: f"{master.name}:{(master.op or '').replace('relax.', '')}"}
+    cores = [int(graph[n].scope[attrs.CORE_SCOPE]) for n in group.nodes if attrs.CORE_SCOPE in graph[n].scope]
+    if cores:
+        fattrs[attrs.CORES] = min(cores)
     if group.local:
         fattrs[attrs.LOCAL] = [graph[n].name for n in group.local]
     bb = relax.BlockBuilder()

@@ -9,6 +9,7 @@ best records, which ``ScheduleKernels`` applies in place of the heuristic's choi
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import tvm
@@ -55,8 +56,11 @@ class ScheduleKernels:
                 own_target = func.attrs.get("target") if func.attrs is not None else None
                 if own_target is not None:  # a kernel placed on another device (PlaceDevice)
                     here = Machine.for_target(own_target)
+                cores = int(func.attrs[attrs.CORES]) if func.attrs is not None and attrs.CORES in func.attrs else None
+                if cores is not None and cores < here.cores:  # a core scope (AutoFuse rule 8)
+                    here = dataclasses.replace(here, cores=cores)
                 untuned = schedule_kernel(func, here, master_is_anchor(func), gv.name_hint)
-                # tuning records are of the pipeline's target: they apply to kernels built for it
+                # tuning records are of the pipeline's target and all its cores: they apply to kernels built so
                 tuned = self._tuned(func, here, gv.name_hint, untuned) if here == machine else None
                 result = tuned or untuned
                 summary = result.summary() + (" [tuned]" if tuned is not None else "")

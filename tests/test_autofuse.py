@@ -10,12 +10,14 @@ import tvm
 from tvm import relax
 
 import tvm_ext
+from tvm_ext import sym
 from conftest import build_module, compile_strict
 from relay_passes import DataflowGraph
 from relay_passes.autofuse import STOP_RULES, AutoFuse, BoxKind
 from relay_passes.concretize_broadcast import concretize_broadcast, is_broadcast_view
 from relay_passes.strategies import partition_nnvm
 from relay_passes.fuse_partition import FusePartition
+from schedules.analysis import Machine
 from tvm_ext import OPS
 from tvm_ext import loop_ir as L
 
@@ -155,7 +157,8 @@ def test_cse_computes_a_recomputed_value_once_per_kernel():
 # --------------------------------------------------------------------------- stop rules
 def test_every_stop_rule_is_documented():
     assert set(STOP_RULES) >= {"reduction", "loop-nodes", "loads", "default-lowering", "anchor-input",
-                               "device", "realize-op", "unused-input", "disabled", "scalar-graph", "rollback"}
+                               "device", "realize-op", "unused-input", "disabled", "scalar-graph", "rollback",
+                               "control-edge", "cores", "super-kernel"}
 
 
 def test_rule_reduction_is_a_kernel_local_stage():
@@ -263,6 +266,88 @@ def test_rule_disabled_nodes_keep_their_own_kernel():
     graph, plan = _analyze(mod, disable_fusion=frozenset({"lv1"}))
     assert "disabled" in _rules(plan)
     assert _kernels(graph, AutoFuse(disable_fusion=frozenset({"lv1"}))) == [["lv"], ["lv1"], ["gv"]]
+
+
+def _symbol_kernels(net, x):
+    af = AutoFuse()
+    compiled = tvm_ext.compile(net, [x], fusion=af)
+    part_graph = af.plans[-1].graph
+    kernels = _kernels(part_graph, af(part_graph))
+    return compiled, af.plans[-1], kernels
+
+
+def test_rule_scopes_disable_and_super_kernel_come_from_attr_scope():
+    x = sym.Variable("x")
+    a2 = sym.abs(sym.sqrt(x, name="a"), name="a2")
+    with sym.AttrScope(_disable_autofuse_scope="1"):
+        b = sym.negative(a2, name="b")
+    c2 = sym.sin(sym.relu(b, name="c"), name="c2")
+    with sym.AttrScope(_super_kernel_scope="sk0"):
+        d = sym.tanh(c2, name="d")
+    e2 = sym.abs(sym.cos(d, name="e"), name="e2")
+    xs = np.random.default_rng(0).uniform(0.1, 2, (8, 32)).astype("float32")
+    compiled, plan, kernels = _symbol_kernels(e2, xs)
+    assert kernels == [["a", "a2"], ["b"], ["c", "c2"], ["d"], ["e", "e2"]]
+    assert [(plan.graph[d.node].name, d.reason) for d in plan.log if d.action == "extern"] == [
+        ("b", "disabled"), ("d", "super-kernel")]
+    ref = np.abs(np.cos(np.tanh(np.sin(np.maximum(-np.abs(np.sqrt(xs)), 0)))))
+    np.testing.assert_allclose(compiled(xs), ref, rtol=1e-5)
+
+
+def test_rule_core_scope_splits_kernels_and_limits_their_cores():
+    x = sym.Variable("x")
+    a = sym.sqrt(x, name="a")
+    with sym.AttrScope(_core_scope="1"):
+        c = sym.relu(sym.abs(a, name="b"), name="c")
+    d = sym.sin(c, name="d")
+    xs = np.random.default_rng(0).uniform(0.1, 2, (64, 256)).astype("float32")  # big enough to run in parallel
+    compiled, plan, kernels = _symbol_kernels(d, xs)
+    assert kernels == [["a"], ["b", "c"], ["d"]]
+    assert [d.reason for d in plan.log if d.reason.startswith("cores")] == ["cores: all -> 1 cores",
+                                                                            "cores: 1 -> all cores"]
+    prims = {gv.name_hint: f for gv, f in compiled.lowered_module.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    limited = [n for n, f in prims.items() if f.attrs is not None and "tvm_ext.cores" in f.attrs]
+    assert limited == ["fused_abs_relu"] and int(prims[limited[0]].attrs["tvm_ext.cores"]) == 1
+    machine_cores = Machine().cores
+    for name, f in prims.items():  # the scoped kernel runs on one core; the others use the machine's
+        assert ("T.parallel" in f.script()) == (name != "fused_abs_relu" and machine_cores > 1), name
+    assert "[1 core]" in str(compiled.report())
+    np.testing.assert_allclose(compiled(xs), np.sin(np.maximum(np.abs(np.sqrt(xs)), 0)), rtol=1e-5)
+
+
+def test_rule_control_edges_keep_their_nodes_in_kernels_of_their_own_and_in_order():
+    x = sym.Variable("x")
+    b = sym.abs(sym.sqrt(x, name="a"), name="b")
+    q = sym.sin(sym.relu(x, name="p"), name="q")
+    q._add_control_deps(b)  # q runs after b; without the edge, a and b would fuse, and p and q
+    out = sym.add(b, q, name="out")
+    assert out.topo_nodes().index(b.topo_nodes()[-1]) < out.topo_nodes().index(q.topo_nodes()[-1])
+    again = sym.load_json(out.tojson())
+    assert [n.name for n in again.topo_nodes()[-2].control_deps] == ["b"]
+    with pytest.raises(tvm_ext.InputError, match="cycle"):
+        b._add_control_deps(out)
+    xs = np.random.default_rng(0).uniform(0.1, 2, (8, 32)).astype("float32")
+    compiled, plan, kernels = _symbol_kernels(out, xs)
+    assert kernels == [["a"], ["b"], ["p"], ["q"], ["out"]]
+    assert {plan.graph[d.node].name for d in plan.log if d.reason.startswith("control-edge")} >= {"a", "b", "p", "q"}
+    calls = [str(b_.value.args[0].name_hint) for blk in compiled.lowered_module["main"].body.blocks
+             for b_ in blk.bindings if isinstance(b_.value, relax.Call) and hasattr(b_.value.args[0], "name_hint")]
+    kernels_called = [c for c in calls if c.startswith("fused_")]
+    assert kernels_called.index("fused_abs") < kernels_called.index("fused_sin")
+    np.testing.assert_allclose(compiled(xs), np.abs(np.sqrt(xs)) + np.sin(np.maximum(xs, 0)), rtol=1e-5)
+
+
+def test_local_stages_false_is_the_seeds_literal_rules_1_and_7():
+    x = sym.Variable("x")
+    e = sym.exp(x, name="e")
+    y = sym.divide(e, sym.sum(e, axis=1, keepdims=True, name="s"), name="y")
+    xs = np.random.default_rng(0).standard_normal((16, 64)).astype("float32")
+    for rules, expected in ((dict(), [["e", "s", "y"]]), (dict(local_stages=False), [["e"], ["s"], ["y"]])):
+        af = AutoFuse(**rules)
+        compiled = tvm_ext.compile(y, [xs], fusion=af)
+        graph = af.plans[-1].graph
+        assert _kernels(graph, af(graph)) == expected
+        np.testing.assert_allclose(compiled(xs), np.exp(xs) / np.exp(xs).sum(1, keepdims=True), rtol=1e-5)
 
 
 def test_rule_unsupported_dtype_skips_lowering():

@@ -11,3 +11,12 @@ CTX_GROUP = "tvm_ext.ctx_group"  # on Relax functions: binding name -> device gr
 GRAD_OF = "tvm_ext.grad_of"  # on adjoint functions: backward binding name -> the forward binding it differentiates
 DEVICES = "tvm_ext.devices"  # on placed modules: the device names ("cpu:0", ...) in VDevice order
 SCHEDULE = "tvm_ext.schedule"  # on our PrimFuncs: the plan applied to each block
+SCOPES = "tvm_ext.scopes"  # on Relax functions: binding name -> {scope attribute: value} (AutoFuse's scopes)
+CONTROL_DEPS = "tvm_ext.control_deps"  # on Relax functions: binding name -> bindings it must run after (NNVM)
+CORES = "tvm_ext.cores"  # on grouped functions and kernels: the most cores the kernel may run on
+
+# Scope attributes (set with ``sym.AttrScope``, or in SCOPES for Relax models) that AutoFuse reads:
+DISABLE_AUTOFUSE_SCOPE = "_disable_autofuse_scope"  # seed rule 11: the op skips lowering
+SUPER_KERNEL_SCOPE = "_super_kernel_scope"  # seed rule 10: the op is skipped by AutoFuse
+CORE_SCOPE = "_core_scope"  # seed rule 8: the number of cores the op's kernel may use
+SCOPE_KEYS = (DISABLE_AUTOFUSE_SCOPE, SUPER_KERNEL_SCOPE, CORE_SCOPE)

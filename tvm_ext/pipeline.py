@@ -6,6 +6,7 @@ to look at the module between them.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -13,6 +14,7 @@ from typing import Any, Sequence
 import tvm
 from tvm import relax
 
+from relay_passes.autofuse import AutoFuse
 from relay_passes.pack_weights import PackMatmulWeights
 from relay_passes.place_device import PlaceDevice
 from relay_passes.plan_memory import PlanMemory
@@ -22,11 +24,13 @@ from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS
 from schedules import Machine, ScheduleKernels
+from schedules.database import TuningDatabase
 from schedules.history import ApplyHistoryBest
 from tvm_ext.build_pipeline import TIR_PIPELINE, relax_pipeline
 from tvm_ext.compiled_model import CompiledModel, dim_bounds_of, outputs_of, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
+from tvm_ext.measured_rollback import MeasuredRollback
 from tvm_ext.registry import OPS, OpRegistry
 from tvm_ext.report import Decision, FusionReport, kernels_of
 from tvm_ext.target import resolve_target
@@ -42,7 +46,8 @@ _VM_OPS = frozenset(["relax.null_value", "relax.shape_of", "relax.hint_on_device
                      "relax.tensor_to_shape", "relax.shape_to_tensor", "relax.print", "relax.assert_op",
                      "relax.reshape"])  # reshape: left by RewriteDataflowReshape, a zero-copy view
 
-FUSION_CHOICES = (*PARTITIONERS, "tvm")  # "tvm": TVM's FuseOps + FuseTIR, our schedules
+FUSION_CHOICES = (*PARTITIONERS, "tvm")
+ROLLBACK_CHOICES = ("count", "measure")  # "tvm": TVM's FuseOps + FuseTIR, our schedules
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Pipeline:
     tuning_db: Any = None  # a tuning database (path or TuningDatabase): its best schedules win
     group2ctx: dict | None = None  # device group -> device ("cpu:1", ...): PlaceDevice runs
     device_labels: dict | None = None  # node or input name -> device group, besides ctx_group attributes
+    rollback: str = "count"  # "count": the seed's rule; "measure": time each kernel against its parts
+    progress: Any = None  # a callable taking one line of text: long work (measured rollback) reports to it
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
     placement: PlaceDevice | None = field(default=None, init=False)  # the last PlaceDevice run
@@ -69,6 +76,28 @@ class Pipeline:
         if not callable(self.fusion) and self.fusion not in FUSION_CHOICES:
             raise ValueError(f"unknown fusion {self.fusion!r}; choose one of {FUSION_CHOICES}")
         self.target = resolve_target(self.target)
+        if self.rollback not in ROLLBACK_CHOICES:
+            raise ValueError(f"unknown rollback {self.rollback!r}; choose one of {ROLLBACK_CHOICES}")
+        if self.rollback == "measure" and self.fusion != "autofuse":
+            raise ValueError(f"rollback='measure' is AutoFuse's: it needs fusion='autofuse', not {self.fusion!r}")
+        if isinstance(self.tuning_db, (str, os.PathLike)):
+            self.tuning_db = TuningDatabase(self.tuning_db)
+        self.judge: MeasuredRollback | None = None  # the last measured rollback's judge (its verdicts)
+
+    def _partitioner(self) -> Any:
+        """The fusion strategy; AutoFuse with a rollback judge when measuring or when a
+        tuning database may hold measured rollback decisions."""
+        if self.fusion != "autofuse" or (self.rollback == "count" and self.tuning_db is None):
+            return self.fusion
+        self.judge = MeasuredRollback(self.target, self._build_alone, self.tuning_db,
+                                      measure=self.rollback == "measure", progress=self.progress)
+        return AutoFuse(judge=self.judge)
+
+    def _build_alone(self, mod: tvm.IRModule, fusion: Any) -> CompiledModel:
+        """A part of the model (one group) compiled as this pipeline would, for the rollback judge;
+        its weights are already packed and its convolutions blocked."""
+        return Pipeline(target=self.target, fusion=fusion, registry=self.registry, exact_math=self.exact_math,
+                        pack_weights=False, block_conv=False).run(mod)
 
     def prepare(self, mod: tvm.IRModule) -> tvm.IRModule:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
@@ -93,7 +122,7 @@ class Pipeline:
         """Fuse and lower: groups -> our kernels, the rest -> TVM's legalization; schedule ours."""
         if self.fusion == "tvm":
             return self._lower_with_tvm_fusion(mod)
-        groups = MakeGroups(self.fusion, registry=self.registry)
+        groups = MakeGroups(self._partitioner(), registry=self.registry)
         fuse = FuseCompile(registry=self.registry, strict=self.strict, exact_math=self.exact_math)
         seq = [groups, fuse, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.RewriteDataflowReshape()]
@@ -165,7 +194,8 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
             shape_dict: dict[str, Sequence[int]] | None = None, strict: bool = False,
             registry: OpRegistry = OPS, exact_math: bool = False, tuning_db: Any = None,
             block_conv: bool = True, group2ctx: dict[str, Any] | None = None,
-            device_labels: dict[str, str] | None = None) -> CompiledModel:
+            device_labels: dict[str, str] | None = None, rollback: str = "count",
+            progress: Any = None) -> CompiledModel:
     """Compile a model to fused, scheduled kernels on the Relax VM.
 
     ``model`` is a Relax ``tvm.IRModule``, a ``torch.nn.Module`` (with ``example_inputs``), a
@@ -184,10 +214,13 @@ def compile(model: Any, example_inputs: Sequence[Any] | None = None, *, target: 
     target: ``{"device": "cpu:1", "target": "x86-64"}``) places the nodes labelled with each
     group (``sym.AttrScope(ctx_group=...)``, or ``device_labels={node or input name: group}``
     for any model) on its device, with copies between devices (``relay_passes.PlaceDevice``).
+    ``rollback="measure"`` (AutoFuse) times each kernel of two or more ops against its ops
+    built apart and splits it where they are faster (``tvm_ext.measured_rollback``); the
+    default, ``"count"``, is the seed's rule. ``progress`` (e.g. ``print``) is told each measurement.
     """
     pipeline = Pipeline(target=target, fusion=fusion, passes=passes, strict=strict, registry=registry,
                         exact_math=exact_math, tuning_db=tuning_db, block_conv=block_conv, group2ctx=group2ctx,
-                        device_labels=device_labels)
+                        device_labels=device_labels, rollback=rollback, progress=progress)
     return pipeline.run(model, example_inputs, shape_dict)
 
 

@@ -24,6 +24,7 @@ class KernelInfo:
     schedule: str = ""
     loop_ir: str = ""
     device: str = ""  # where it runs, when PlaceDevice placed the model on several devices
+    cores: int = 0  # the most cores it may use (a _core_scope); 0: all
 
 
 @dataclass
@@ -100,7 +101,8 @@ class FusionReport:
                  f"{'#':>3} {'kernel':34s} {'pattern':15s} {'read':>9s} {'written':>9s}  ops"]
         for i, k in enumerate(self.kernels):
             ops = ", ".join(k.ops)
-            tag = ("" if k.source == "ours" else " [tvm]") + (f" on {k.device}" if k.device else "")
+            tag = ("" if k.source == "ours" else " [tvm]") + (f" on {k.device}" if k.device else "") \
+                + (f" [{k.cores} core{'s' if k.cores > 1 else ''}]" if k.cores else "")
             lines.append(f"{i:>3} {k.name[:34]:34s} {k.pattern:15s} {_mb(k.bytes_read):>9s} "
                          f"{_mb(k.bytes_written):>9s}  {ops}{tag}")
         for c in self.copies:
@@ -188,6 +190,7 @@ def _kernel_info_of(mod: tvm.IRModule, call: relax.Call) -> KernelInfo:
     fattrs = prim.attrs if prim.attrs is not None else {}
     if attrs.KERNEL in fattrs:
         return KernelInfo(gv.name_hint, str(fattrs[attrs.OPS]).split(","), str(fattrs[attrs.KERNEL]), "ours",
-                          read, written, str(fattrs.get(attrs.SCHEDULE, "")), str(fattrs.get(attrs.LOOP_IR, "")))
+                          read, written, str(fattrs.get(attrs.SCHEDULE, "")), str(fattrs.get(attrs.LOOP_IR, "")),
+                          cores=int(fattrs.get(attrs.CORES, 0)))
     pattern = str(OpPattern.from_tvm(int(fattrs["op_pattern"]))) if "op_pattern" in fattrs else "?"
     return KernelInfo(gv.name_hint, [gv.name_hint], pattern, "tvm", read, written, str(fattrs.get(attrs.SCHEDULE, "")))

@@ -5,7 +5,9 @@
 order and bound under the node's name (its intermediates under ``name_*``), so TVM's
 struct-info inference checks the graph once more, and the function attribute
 ``tvm_ext.ctx_group`` (binding name -> group) carries the nodes' ``ctx_group`` attributes to
-the passes that keep device groups apart.
+the passes that keep device groups apart. In the same way ``tvm_ext.scopes`` carries AutoFuse's
+scope attributes (``attrs.SCOPE_KEYS``) and ``tvm_ext.control_deps`` the nodes' control
+dependencies (binding -> the bindings it must run after), which AutoFuse never fuses across.
 """
 from __future__ import annotations
 
@@ -59,9 +61,18 @@ def to_relax(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str,
             results = [values[(id(e.node), e.index)] for e in symbol.outputs]
         bb.emit_func_output(results[0] if len(results) == 1 else relax.Tuple(results))
     mod = bb.get()
-    groups = _ctx_groups(mod[func_name], owner)
-    if groups:
-        mod[func_name] = mod[func_name].with_attr(fattrs.CTX_GROUP, groups)
+    func = mod[func_name]
+    members = _members(func, owner)
+    groups = {b: n.user_attrs["ctx_group"] for b, n in members.items() if "ctx_group" in n.user_attrs}
+    scopes = {b: {k: n.user_attrs[k] for k in fattrs.SCOPE_KEYS if k in n.user_attrs} for b, n in members.items()}
+    scopes = {b: s for b, s in scopes.items() if s}
+    deps = {n.name: [d.name for d in n.control_deps if not d.is_variable]  # the op's binding is its name
+            for n in {id(n): n for n in members.values()}.values() if n.control_deps}
+    deps = {b: d for b, d in deps.items() if d}
+    for key, value in ((fattrs.CTX_GROUP, groups), (fattrs.SCOPES, scopes), (fattrs.CONTROL_DEPS, deps)):
+        if value:
+            func = func.with_attr(key, value)
+    mod[func_name] = func
     return mod
 
 
@@ -74,13 +85,13 @@ def _check_unique_names(nodes: list[Node]) -> None:
         seen.add(n.name)
 
 
-def _ctx_groups(func: relax.Function, owner: dict[str, Node]) -> dict[str, str]:
-    """Binding name -> ctx_group of the node whose bindings it is part of.
+def _members(func: relax.Function, owner: dict[str, Node]) -> dict[str, Node]:
+    """Binding name -> the node whose bindings it is part of, in binding order.
 
     A node's bindings are contiguous and end with ones named after it, so every binding
     before those (and after the previous node's) belongs to it.
     """
-    groups: dict[str, str] = {}
+    members: dict[str, Node] = {}
     pending: list[str] = []
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -88,8 +99,6 @@ def _ctx_groups(func: relax.Function, owner: dict[str, Node]) -> dict[str, str]:
             node = owner.get(binding.var.name)
             if node is None:
                 continue
-            group = node.user_attrs.get("ctx_group")
-            if group is not None:
-                groups.update(dict.fromkeys(pending, group))
+            members.update(dict.fromkeys(pending, node))
             pending = []
-    return groups
+    return members

@@ -45,9 +45,12 @@ class KernelMeasurer:
 
 
 def tasks_of(model: Any, example_inputs: Sequence[Any] | None = None, *, target: Any = None,
-             fusion: Any = "autofuse", shape_dict: dict | None = None) -> list[Task]:
-    """The tuning tasks of a model, as ``compile`` with the same arguments would build them."""
-    pipeline = Pipeline(target=target, fusion=fusion, schedule=False)
+             fusion: Any = "autofuse", shape_dict: dict | None = None, rollback: str = "count",
+             db: TuningDatabase | None = None, progress: Callable[[str], None] | None = None) -> list[Task]:
+    """The tuning tasks of a model, as ``compile`` with the same arguments would build them
+    (``rollback``, ``db``: see ``compile``'s ``rollback`` and ``tuning_db``)."""
+    pipeline = Pipeline(target=target, fusion=fusion, schedule=False, rollback=rollback, tuning_db=db,
+                        progress=progress)
     lowered, _ = pipeline.lower(pipeline.prepare(import_model(model, example_inputs, shape_dict)))
     return extract_tasks(lowered, pipeline.target, all_kernels=fusion == "tvm")
 
@@ -63,10 +66,16 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
     again, and they count against ``trials`` (a rerun with the same ``trials`` measures
     nothing new; raise it to measure more). ``runner`` defaults to this machine (``schedules.measure.LocalRunner``); pass an
     ``RPCRunner`` to measure on the machines of an RPC tracker.
+
+    With AutoFuse, each kernel of two or more ops is first timed against its ops apart and
+    split where they are faster (``compile(rollback="measure")``); ``db`` records those
+    decisions, so ``compile(tuning_db=db)`` builds the same kernels the records are of.
     """
     database = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
     options = options or TuneOptions(trials=trials)
-    tasks = tasks_of(model, example_inputs, target=target, fusion=fusion, shape_dict=shape_dict)
+    rollback = "measure" if fusion == "autofuse" else "count"
+    tasks = tasks_of(model, example_inputs, target=target, fusion=fusion, shape_dict=shape_dict, rollback=rollback,
+                     db=database, progress=progress)
     measurer = KernelMeasurer(builder, runner)
     try:
         return Tuner(tasks, database, measurer, options, progress=progress).tune()
