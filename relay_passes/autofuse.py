@@ -37,8 +37,8 @@ from typing import Callable, Iterable, Optional
 from tvm import relax, tirx
 
 from relay_passes.lower_call import lower_call
-from relay_passes.graph import DataflowGraph, Node
-from relay_passes.partition import Decision, Group, Partition, decisions_text, default_outputs, make_partition
+from relay_passes.graph import DataflowGraph, GraphNode
+from relay_passes.partition import NodeDecision, Group, Partition, decisions_text, default_outputs, make_partition
 from tvm_ext import attrs
 from tvm_ext import loop_ir as L
 from tvm_ext.errors import NotLowerable
@@ -99,8 +99,6 @@ STOP_RULES_NOT_APPLICABLE: dict[str, str] = {
 }
 
 _OWN_KERNEL = frozenset(["scalar-graph", "disabled", "super-kernel", "control-edge"])  # extern, yet our kernel
-_IGNORES_INPUTS = frozenset(["relax.zeros_like", "relax.ones_like", "relax.full_like"])
-_ANCHORS = frozenset(["relax.matmul", "relax.nn.conv2d"])
 
 
 @dataclass
@@ -227,7 +225,7 @@ class _Lowering:
         return self.plan
 
     def _decide(self, node: int, action: str, rule: str, detail: str = "") -> None:
-        self.plan.log.append(Decision(node, action, f"{rule}" + (f": {detail}" if detail else "")))
+        self.plan.log.append(NodeDecision(node, action, f"{rule}" + (f": {detail}" if detail else "")))
 
     # ------------------------------------------------------------------ kernels
     def _new_kernel(self, nodes: Iterable[int] = ()) -> int:
@@ -282,7 +280,7 @@ class _Lowering:
         return keep
 
     # ------------------------------------------------------------------ extern
-    def _extern_reason(self, node: Node) -> str | None:
+    def _extern_reason(self, node: GraphNode) -> str | None:
         if node.name in self.rules.disable_fusion or attrs.DISABLE_AUTOFUSE_SCOPE in node.scope:
             return "disabled"
         if attrs.SUPER_KERNEL_SCOPE in node.scope:
@@ -295,7 +293,7 @@ class _Lowering:
             return "scalar-graph"
         return None
 
-    def _extern(self, node: Node) -> None:
+    def _extern(self, node: GraphNode) -> None:
         reason = self._extern_reason(node) or ("default-lowering" if node.kind == "op" else "non-op-reader")
         for i in node.inputs:
             box = self.plan.boxes.get(i)
@@ -311,9 +309,10 @@ class _Lowering:
             self._decide(node.index, "extern", reason, node.why_not)
 
     # ------------------------------------------------------------------ lower
-    def _lower(self, node: Node) -> None:
+    def _lower(self, node: GraphNode) -> None:
         g, n = self.g, node.index
-        anchor = node.op in _ANCHORS
+        anchor = _is_anchor(node)
+        shape_only = [node.value.args[i] for i in (node.opdef.shape_only if node.opdef is not None else ())]
         joined: set = set()
         members = {n}
         views: set = set()  # recomputed re-indexings of memory
@@ -326,7 +325,7 @@ class _Lowering:
                 continue
             if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                 rule = None
-                if node.op in _IGNORES_INPUTS:
+                if any(v.same_as(a) for a in shape_only):
                     rule, detail = "unused-input", f"{node.name} reads only its shape"
                 elif anchor and (box.kind is BoxKind.LOCAL or not _view_only(box)):
                     rule, detail = "anchor-input", f"{node.name} ({node.op.replace('relax.', '')}) reads it"
@@ -381,7 +380,7 @@ class _Lowering:
         expr = value.load(tuple(tirx.Var(f"i{d}", "int32") for d in range(value.ndim)))
         return KernelBox(n, BoxKind.FUSABLE, value, members, kernel, L.count_nodes(expr), L.count_loads(expr))
 
-    def _stop_rules(self, node: Node, box: KernelBox) -> None:
+    def _stop_rules(self, node: GraphNode, box: KernelBox) -> None:
         if node.op in self.rules.realize_ops and not self.rules.local_stages:
             self._realize(box, "realize-op", f"{node.op} is realized at once, to memory (local_stages=False)")
         elif node.op in self.rules.realize_ops:
@@ -398,7 +397,7 @@ class _Lowering:
         elif box.loads > self.rules.max_loads:
             self._realize(box, "loads", f"{box.loads} > {self.rules.max_loads}")
 
-    def _get_item(self, node: Node) -> None:
+    def _get_item(self, node: GraphNode) -> None:
         src = node.inputs[0] if node.inputs else None
         fields = self.plan.boxes.get(src)
         if not isinstance(fields, list):
@@ -446,7 +445,7 @@ class _Lowering:
         for n in sorted(ops):
             single = self._new_kernel([n] + [c for c in g[n].consumers if g[c].kind == "get_item"])
             self.plan.kernels[single].outputs = set(default_outputs(g, self.plan.kernels[single].nodes))
-            self.plan.log.append(Decision(n, "rollback", reason))
+            self.plan.log.append(NodeDecision(n, "rollback", reason))
 
 
 def _group_of(graph: DataflowGraph, kernel: Kernel) -> Group:
@@ -454,7 +453,7 @@ def _group_of(graph: DataflowGraph, kernel: Kernel) -> Group:
     part = make_partition(graph, [sorted(kernel.nodes)], [sorted(kernel.outputs)], keep_views=kernel.local)
     group = part.groups[0]
     group.local = sorted(kernel.local)
-    anchors = [n for n in group.nodes if graph[n].op in _ANCHORS]
+    anchors = [n for n in group.nodes if _is_anchor(graph[n])]
     group.master = anchors[0] if anchors else -1  # its epilogue runs on its output tiles
     return group
 
@@ -473,7 +472,11 @@ def _to_partition(plan: AutoFusePlan) -> Partition:
     return part
 
 
-def _cores(node: Node) -> str | None:
+def _is_anchor(node: GraphNode) -> bool:
+    return node.opdef is not None and node.opdef.anchor
+
+
+def _cores(node: GraphNode) -> str | None:
     return node.scope.get(attrs.CORE_SCOPE)
 
 
@@ -482,7 +485,7 @@ def _static_tensor(ty) -> bool:
             and all(isinstance(d, tirx.IntImm) for d in ty.shape.values))
 
 
-def _size(node: Node) -> int:
+def _size(node: GraphNode) -> int:
     ty = node.var.ty
     try:
         size = 1

@@ -13,23 +13,15 @@ AutoFuse needs no wrapper: a view is a fusable KernelBox, inlined into every rea
 """
 from __future__ import annotations
 
-from relay_passes.graph import DataflowGraph, Node
-from relay_passes.partition import Decision, Group, Partition
+from relay_passes.graph import DataflowGraph, GraphNode
+from relay_passes.partition import NodeDecision, Group, Partition
 
-_VIEWS = frozenset(["relax.broadcast_to", "relax.expand_dims", "relax.squeeze"])
-
-
-def is_broadcast_view(node: Node) -> bool:
-    """broadcast_to, expand_dims, squeeze, or a reshape that only adds or drops unit dims."""
-    if node.kind != "op" or not node.lowerable:
+def is_broadcast_view(node: GraphNode) -> bool:
+    """An op whose registry entry says it only adds, drops or repeats unit dims for this call
+    (broadcast_to, expand_dims, squeeze, a reshape of unit dims: ``OpDef.broadcast_view``)."""
+    if node.kind != "op" or not node.lowerable or node.opdef is None:
         return False
-    if node.op in _VIEWS:
-        return True
-    if node.op in ("relax.reshape", "relax.flatten"):
-        src = node.value.args[0].ty.shape.values
-        dst = node.var.ty.shape.values
-        return [int(d) for d in src if int(d) != 1] == [int(d) for d in dst if int(d) != 1]
-    return False
+    return node.opdef.is_broadcast_view(node.value, node.var)
 
 
 def concretize_broadcast(part: Partition) -> Partition:
@@ -54,7 +46,7 @@ def concretize_broadcast(part: Partition) -> Partition:
                 host.nodes = sorted(set(host.nodes) | set(grp.nodes))
             groups.remove(grp)
             names = ", ".join(g[n].name for n in ops)
-            decisions.append(Decision(ops[-1], "fuse", f"concretize: {names} folded into the loads of "
+            decisions.append(NodeDecision(ops[-1], "fuse", f"concretize: {names} folded into the loads of "
                                       + ", ".join(g[h.root].name for h in hosts)))
             changed = True
             break

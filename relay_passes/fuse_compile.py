@@ -18,7 +18,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from relay_passes.grouping import substitute
+from relay_passes.substitute import substitute
 from relay_passes.lower_call import lower_call, static_type
 from tvm_ext import attrs
 from tvm_ext import loop_ir as L
@@ -171,8 +171,9 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
     master = str(func.attrs[attrs.MASTER]) if attrs.MASTER in func.attrs else ""
     prim = prim.with_attrs({attrs.KERNEL: pattern, attrs.OPS: ",".join(ops), attrs.LOOP_IR: kb.describe(),
                             attrs.MASTER: master})
-    if attrs.CORES in func.attrs:
-        prim = prim.with_attr(attrs.CORES, int(func.attrs[attrs.CORES]))
+    for key in (attrs.CORES, attrs.TILED_EPILOGUE):
+        if key in func.attrs:
+            prim = prim.with_attr(key, func.attrs[key])
     out_types = [relax.TensorType(s.buffer.shape, s.buffer.dtype) for s in stages]
     return LoweredGroup(prim, const_args, out_types)
 

@@ -27,8 +27,8 @@ from typing import Iterable
 
 from tvm import relax
 
-from relay_passes.graph import DataflowGraph, Node
-from relay_passes.partition import Decision, Partition, decisions_text, make_partition
+from relay_passes.graph import DataflowGraph, GraphNode
+from relay_passes.partition import NodeDecision, Partition, decisions_text, make_partition
 from tvm_ext.patterns import OpPattern
 
 
@@ -38,7 +38,7 @@ class FuseRule(enum.Enum):
     REALIZE = "realize"
 
 
-# Reason codes of the decision log (``Decision.reason`` starts with one of these).
+# Reason codes of the decision log (``NodeDecision.reason`` starts with one of these).
 FUSED_SIMPLE_INPUT = "fused:simple-input"  # an input no more complex than Injective
 FUSED_EPILOGUE = "fused:epilogue"  # an OutEWiseFusable anchor takes this node as epilogue
 FUSED_DIAMOND = "fused:diamond"  # all readers sit in one elementwise group
@@ -61,7 +61,7 @@ class FusePlan:
     master_node: list[int]
     fuse_pattern: list[OpPattern]
     group_root: list[int]
-    log: list[Decision] = field(default_factory=list)
+    log: list[NodeDecision] = field(default_factory=list)
 
     def members(self, root: int) -> list[int]:
         return [n for n in range(len(self.graph)) if self.group_root[n] == root]
@@ -102,7 +102,7 @@ class FusePlan:
         return part
 
 
-def _short(node: Node) -> str:
+def _short(node: GraphNode) -> str:
     return (node.op or node.kind).replace("relax.", "")
 
 
@@ -143,10 +143,10 @@ class FusePartition:
         g = plan.graph
         rule, master, pattern = plan.fuse_rule, plan.master_node, plan.fuse_pattern
 
-        def decide(i: int, new_rule: FuseRule, reader: Node, code: str, detail: str = "") -> None:
+        def decide(i: int, new_rule: FuseRule, reader: GraphNode, code: str, detail: str = "") -> None:
             rule[i] = new_rule
             action = "fuse" if new_rule is FuseRule.FUSE_TO_MASTER else "realize"
-            plan.log.append(Decision(i, action, f"{code}: {detail or 'read by ' + reader.name}"))
+            plan.log.append(NodeDecision(i, action, f"{code}: {detail or 'read by ' + reader.name}"))
 
         for node in g:
             n = node.index
@@ -216,7 +216,7 @@ class FusePartition:
                 else:
                     code, detail = REALIZE_READERS, "read after the block"
                 rule[n] = FuseRule.REALIZE
-                plan.log.append(Decision(n, "realize", f"{code}: {detail}"))
+                plan.log.append(NodeDecision(n, "realize", f"{code}: {detail}"))
                 if master[n] < 0:
                     master[n] = n
 
@@ -235,7 +235,7 @@ class FusePartition:
             takes_injective = any(pattern[i] == OpPattern.INJECTIVE for i in fused)
             if takes_anchor and takes_injective:
                 master[n] = master[root[n]] = n
-                plan.log.append(Decision(n, "master", f"{MASTER_REPOINTED}: {node.name} fuses an "
+                plan.log.append(NodeDecision(n, "master", f"{MASTER_REPOINTED}: {node.name} fuses an "
                                                       "OutEWiseFusable and an Injective input"))
             for i in fused:
                 root[i] = root[n]
@@ -273,15 +273,15 @@ class FusePartition:
             for m in plan.members(child):
                 pattern[m] = max(pattern[n], pattern[m])
                 master[m] = master[n] if master[n] >= 0 else master[m]
-            plan.log.append(Decision(n, "fuse", f"{FUSED_DIAMOND}: all {len(readers)} readers are in "
+            plan.log.append(NodeDecision(n, "fuse", f"{FUSED_DIAMOND}: all {len(readers)} readers are in "
                                                  f"the group of {g[child].name}"))
 
 
-def _same_shape(a: Node, b: Node) -> bool:
+def _same_shape(a: GraphNode, b: GraphNode) -> bool:
     return _shape(a) == _shape(b)
 
 
-def _shape(node: Node) -> tuple:
+def _shape(node: GraphNode) -> tuple:
     """The node's output shape (a multi-output op: its first field, the one epilogues read)."""
     ty = node.var.ty
     if isinstance(ty, relax.TupleType) and ty.fields:
@@ -292,5 +292,5 @@ def _shape(node: Node) -> tuple:
         return ()
 
 
-def _too_complex(node: Node) -> str:
+def _too_complex(node: GraphNode) -> str:
     return REALIZE_NO_LOWERING if not node.lowerable else REALIZE_PATTERN

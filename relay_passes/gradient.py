@@ -16,7 +16,7 @@ from typing import Sequence
 import tvm
 from tvm import relax
 
-from relay_passes.grouping import substitute
+from relay_passes.substitute import substitute
 from tvm_ext import attrs
 from tvm_ext.errors import InputError, ShapeError, UnsupportedOpError
 from tvm_ext.gradient_rules import shape_of

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from relay_passes.tvm_patterns import tvm_op_pattern
+from relay_passes.tvm_op_pattern import tvm_op_pattern
 from tvm_ext import attrs
 from tvm_ext.errors import InputError
 from tvm_ext.loop_ir import SUPPORTED_DTYPES
@@ -20,7 +20,7 @@ from tvm_ext.registry import OPS, OpDef, OpRegistry
 
 
 @dataclass
-class Node:
+class GraphNode:
     """One binding of the block."""
 
     index: int
@@ -89,7 +89,7 @@ class DataflowGraph:
 
     def __init__(self, block: relax.DataflowBlock, registry: OpRegistry = OPS, labels: Labels | None = None):
         self.block = block
-        self.nodes: list[Node] = []
+        self.nodes: list[GraphNode] = []
         self.index_of: dict[relax.Var, int] = {}  # a binding's variable -> its node
         index_of = self.index_of
         labels = labels or Labels()
@@ -126,7 +126,7 @@ class DataflowGraph:
                         if r.kind == "get_item":
                             r.lowerable = False
 
-    def op_inputs(self, node: Node) -> list[int]:
+    def op_inputs(self, node: GraphNode) -> list[int]:
         """Producers of ``node``, looking through field reads to the multi-output op."""
         out = []
         for i in node.inputs:
@@ -136,7 +136,7 @@ class DataflowGraph:
                 out.append(j)
         return out
 
-    def op_readers(self, node: Node) -> list[int]:
+    def op_readers(self, node: GraphNode) -> list[int]:
         """Readers of ``node``, looking through its field reads to who reads the fields."""
         out = []
         for c in node.consumers:
@@ -146,7 +146,7 @@ class DataflowGraph:
                     out.append(r)
         return out
 
-    def escapes(self, node: Node) -> bool:
+    def escapes(self, node: GraphNode) -> bool:
         """Whether ``node`` (or a field of it) is read after the block."""
         return node.is_output or any(self.nodes[c].is_output for c in node.consumers
                                      if self.nodes[c].kind == "get_item")
@@ -157,15 +157,15 @@ class DataflowGraph:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def __getitem__(self, i: int) -> Node:
+    def __getitem__(self, i: int) -> GraphNode:
         return self.nodes[i]
 
 
-def _make_node(i: int, binding: relax.Binding, registry: OpRegistry) -> Node:
+def _make_node(i: int, binding: relax.Binding, registry: OpRegistry) -> GraphNode:
     value = binding.value if isinstance(binding, relax.VarBinding) else None
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         opdef = registry.get(value.op.name)
-        node = Node(i, binding.var, value, "op", value.op.name, opdef)
+        node = GraphNode(i, binding.var, value, "op", value.op.name, opdef)
         if opdef is None:
             node.why_not = "a copy between devices (PlaceDevice)" if value.op.name == "relax.to_vdevice" else \
                 "no lowering registered"
@@ -178,8 +178,8 @@ def _make_node(i: int, binding: relax.Binding, registry: OpRegistry) -> Node:
         node.why_not = problem if problem else ("" if opdef.lower else "no lowering registered")
         return node
     if isinstance(value, relax.TupleGetItem):
-        return Node(i, binding.var, value, "get_item")
-    return Node(i, binding.var, binding.value, "other", why_not="not an op call")
+        return GraphNode(i, binding.var, value, "get_item")
+    return GraphNode(i, binding.var, binding.value, "other", why_not="not an op call")
 
 
 def _tensor_args(call: relax.Call):

@@ -14,9 +14,11 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from relay_passes.graph import DataflowGraph, Labels
+from relay_passes.substitute import substitute
 from relay_passes.partition import Group, Partition, Partitioner
 from relay_passes.strategies import PARTITIONERS
 from tvm_ext import attrs
+from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OPS, OpRegistry
 
 
@@ -108,7 +110,8 @@ def outline_group(graph: DataflowGraph, group: Group, name: str):
     vmap: dict = dict(zip(inputs, params))
     master = graph[group.master if group.master >= 0 else group.root]
     fattrs = {"Primitive": True, attrs.GROUP: group.gid, attrs.PATTERN: str(group.pattern),
-              attrs.MASTER: f"{master.name}:{(master.op or '').replace('relax.', '')}"}
+              attrs.MASTER: f"{master.name}:{(master.op or '').replace('relax.', '')}",
+              attrs.TILED_EPILOGUE: master.opdef is None or master.pattern == OpPattern.OUT_EWISE_FUSABLE}
     cores = [int(graph[n].scope[attrs.CORE_SCOPE]) for n in group.nodes if attrs.CORE_SCOPE in graph[n].scope]
     if cores:
         fattrs[attrs.CORES] = min(cores)
@@ -136,19 +139,6 @@ def group_inputs(graph: DataflowGraph, group: Group) -> list[relax.Var]:
             if v not in bound and v not in inputs:
                 inputs.append(v)
     return inputs
-
-
-def substitute(expr: relax.Expr, vmap: dict) -> relax.Expr:
-    """Replace variables in an A-normal-form binding value (call, tuple, field read)."""
-    if isinstance(expr, relax.Var):
-        return vmap.get(expr, expr)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([substitute(f, vmap) for f in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(substitute(expr.tuple_value, vmap), expr.index)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [substitute(a, vmap) for a in expr.args], expr.attrs, expr.ty_args)
-    return expr
 
 
 def _condensed_order(graph: DataflowGraph, groups: list[Group]):

@@ -8,7 +8,7 @@ it into grouped Relax functions. The trivial strategies live here (NNVM's fusion
 - ``partition_each``: the same, views included (a copy kernel each; for tests);
 - ``partition_chains``: maximal single-consumer trees of ElemWise/Broadcast ops.
 
-Nodes our lowering cannot take (``Node.lowerable`` false) stay outside every group: TVM's
+Nodes our lowering cannot take (``GraphNode.lowerable`` false) stay outside every group: TVM's
 LegalizeOps gives them their own kernel (AutoFuse's "default lowering"). A view op
 (reshape, expand_dims, squeeze, flatten) left alone also stays out: TVM turns it into a
 zero-copy reshape, which beats any copy kernel.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
-from relay_passes.graph import DataflowGraph, Node
+from relay_passes.graph import DataflowGraph, GraphNode
 from tvm_ext.patterns import OpPattern
 
 
@@ -39,7 +39,7 @@ class Group:
 
 
 @dataclass
-class Decision:
+class NodeDecision:
     """One line of the fusion log: what happened to a node and why."""
 
     node: int
@@ -51,7 +51,7 @@ class Decision:
 class Partition:
     graph: DataflowGraph
     groups: list[Group] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[NodeDecision] = field(default_factory=list)
 
     def describe(self) -> str:
         """A printable table: one line per group, then nodes left to TVM."""
@@ -66,7 +66,7 @@ class Partition:
         return "\n".join(lines)
 
 
-def _short(node: Node) -> str:
+def _short(node: GraphNode) -> str:
     return (node.op or node.kind).replace("relax.", "")
 
 
@@ -78,9 +78,9 @@ def _leftovers(graph: DataflowGraph, part: Partition, taken: set[int]) -> None:
         if node.index in taken or node.kind == "other":
             continue
         if node.lowerable and node.is_view:
-            part.decisions.append(Decision(node.index, "view", "alone: TVM makes it a zero-copy reshape"))
+            part.decisions.append(NodeDecision(node.index, "view", "alone: TVM makes it a zero-copy reshape"))
         elif not node.lowerable and node.kind == "op":
-            part.decisions.append(Decision(node.index, "tvm", node.why_not or "not lowerable"))
+            part.decisions.append(NodeDecision(node.index, "tvm", node.why_not or "not lowerable"))
 
 
 def default_outputs(graph: DataflowGraph, members) -> list[int]:
@@ -110,7 +110,7 @@ def make_partition(graph: DataflowGraph, sets: list[list[int]], outputs: list[li
     return part
 
 
-def decisions_text(graph: DataflowGraph, decisions: list[Decision]) -> str:
+def decisions_text(graph: DataflowGraph, decisions: list[NodeDecision]) -> str:
     """A decision log, one line per decision: node, action, reason."""
     w = max([4] + [len(n.name) for n in graph])
     return "\n".join(f"{graph[d.node].name:>{w}s} {d.action:9s} {d.reason}" for d in decisions)
@@ -124,7 +124,7 @@ def _with_get_items(graph: DataflowGraph, members: list[int]) -> list[int]:
     return out
 
 
-def _groupable(node: Node) -> bool:
+def _groupable(node: GraphNode) -> bool:
     return node.kind == "op" and node.lowerable
 
 
@@ -143,7 +143,7 @@ def _singletons(graph: DataflowGraph, include_views: bool) -> Partition:
     sets = [_with_get_items(graph, [n.index]) for n in graph if _groupable(n)]
     part = make_partition(graph, sets, keep_views={n.index for n in graph} if include_views else ())
     for g in part.groups:
-        part.decisions.append(Decision(g.root, "alone", "fusion disabled"))
+        part.decisions.append(NodeDecision(g.root, "alone", "fusion disabled"))
     return part
 
 
@@ -186,7 +186,7 @@ def partition_chains(graph: DataflowGraph) -> Partition:
     for g in part.groups:
         for n in g.nodes:
             if graph[n].kind == "op":
-                part.decisions.append(Decision(n, "fused" if len(g.nodes) > 1 else "alone",
+                part.decisions.append(NodeDecision(n, "fused" if len(g.nodes) > 1 else "alone",
                                                reasons.get(n, "group root")))
     return part
 

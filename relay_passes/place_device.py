@@ -34,7 +34,7 @@ from tvm.relax import VDevice
 from tvm_ext import attrs
 from tvm_ext.errors import CompileError, InputError, PlacementError
 from tvm_ext.registry import OPS, OpRegistry
-from tvm_ext.target import resolve_target
+from tvm_ext.target import cpu_target, resolve_target
 
 #: Device kinds: the DLPack device kind TVM's runtime calls them by, and the target kind.
 _KINDS = {"cpu": ("cpu", "llvm"), "cuda": ("cuda", "cuda"), "gpu": ("cuda", "cuda")}
@@ -89,7 +89,6 @@ def parse_device(spec: Any, group: str, default_target: tvm.target.Target) -> De
     if target is None:
         target = default_target
     elif isinstance(target, str) and target not in ("llvm", "cpu", "host"):
-        from tvm_ext.target import cpu_target
         target = cpu_target(target, int(default_target.attrs.get("num-cores", 0)) or None)
     else:
         target = resolve_target(target)

@@ -22,6 +22,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from tvm_ext.registry import OPS, OpRegistry
+
 
 def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
     """Run ``rewriter`` over every Relax function of ``mod``."""
@@ -39,41 +41,34 @@ def bound_constant(rewriter: PyExprMutator, expr: relax.Expr) -> tvm.ir.GenericC
     return expr if isinstance(expr, tvm.ir.GenericConst) else None
 
 
-_FOLDABLE = {
-    "relax.permute_dims": lambda a, c: np.transpose(a, None if c.attrs.axes is None else [int(x) for x in c.attrs.axes]),
-    "relax.reshape": lambda a, c: a.reshape([int(d) for d in c.args[1].values]),
-    "relax.expand_dims": lambda a, c: np.expand_dims(a, tuple(int(x) for x in c.attrs.axis)),
-    "relax.squeeze": lambda a, c: np.squeeze(a, None if c.attrs.axis is None else tuple(int(x) for x in c.attrs.axis)),
-    "relax.astype": lambda a, c: a.astype(str(c.attrs.dtype)),
-    "relax.layout_transform": lambda a, c: _map_layout(a, c.attrs),
-}
-
-
-def _map_layout(array: np.ndarray, attrs) -> np.ndarray:
-    if attrs.pad_value is not None:
-        raise ValueError("a padded layout_transform stays in the graph")
-    return attrs.index_map.map_tensor(tvm.runtime.tensor(np.ascontiguousarray(array))).numpy()
-
-
 @tvm.ir.transform.module_pass(opt_level=0, name="FoldWeightLayout")
 class FoldWeightLayout:
-    """Replace ``op(constant)`` by a new constant for size-preserving layout ops."""
+    """Replace ``op(constant)`` by a new constant for the layout ops whose registry entry says
+    how (``OpDef.fold``: permute_dims, reshape, layout_transform, astype, ...)."""
+
+    def __init__(self, registry: OpRegistry = OPS):
+        self.registry = registry
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        return rewrite_functions(mod, _ConstantFolder(mod))
+        return rewrite_functions(mod, _ConstantFolder(mod, self.registry))
 
 
 @mutator
 class _ConstantFolder(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, registry: OpRegistry):
+        super().__init__(mod)
+        self.registry = registry
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _FOLDABLE and call.args):
+        opdef = self.registry.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
+        if opdef is None or opdef.fold is None or not call.args:
             return call
         arg = bound_constant(self, call.args[0])
         if arg is None or not isinstance(call.ty, relax.TensorType):
             return call
         try:
-            data = _FOLDABLE[call.op.name](arg.value.numpy(), call)
+            data = opdef.fold(arg.value.numpy(), call)
         except (TypeError, ValueError, AttributeError):
             return call
         return relax.const(np.asarray(data, order="C"), str(call.ty.dtype))  # keeps 0-d as 0-d

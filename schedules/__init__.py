@@ -15,15 +15,15 @@ import warnings
 import tvm
 from tvm import tirx
 
-from schedules.analysis import Machine, block_infos
+from schedules.analysis import block_infos, master_is_anchor
 from schedules.axes import AxisRuleError, AxisType, ImplGraph
 from schedules.builder import ScheduleBuilder, ScheduleGroup, ScheduleResult
 from schedules.heuristic import inline_intermediates, schedule_kernel
 from schedules.measure import arg_specs
 from schedules.policies import POLICIES
+from schedules.search_space import CandidateError, apply_candidate
 from tvm_ext import attrs
-from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OPS
+from tvm_ext.machine import Machine
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="ScheduleKernels")
@@ -70,8 +70,6 @@ class ScheduleKernels:
     def _tuned(self, func: tirx.PrimFunc, machine: Machine, name: str,
                untuned: ScheduleResult) -> ScheduleResult | None:
         """The best record's schedule, if it beats the heuristic's (``ApplyHistoryBest.lookup``)."""
-        from schedules.search_space import CandidateError, apply_candidate
-
         heuristic = [[label, dict(knobs)] for label, knobs in untuned.choices]
         candidate = self.history.lookup(func, heuristic) if self.history is not None else None
         if candidate is None:
@@ -92,14 +90,6 @@ def _static(func: tirx.PrimFunc) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-def master_is_anchor(func: tirx.PrimFunc) -> bool:
-    """Whether the group was built around an anchor (its epilogue then runs on the anchor's
-    tiles); a master re-pointed to an elementwise node keeps the stages apart."""
-    master = str(func.attrs.get(attrs.MASTER, "")) if func.attrs is not None else ""
-    opdef = OPS.get("relax." + master.partition(":")[2]) if master else None
-    return opdef is None or opdef.pattern == OpPattern.OUT_EWISE_FUSABLE
 
 
 __all__ = ["AxisRuleError", "AxisType", "ImplGraph", "Machine", "POLICIES", "ScheduleBuilder", "ScheduleGroup",

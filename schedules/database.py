@@ -53,12 +53,12 @@ class TuningRecord:
     timestamp: float = field(default_factory=time.time)
     kernel: str = ""  # the kernel's name in the model, for people reading the file
     features: list[float] | None = None  # the cost model's features of the candidate
-    cpu: str = ""  # the measuring CPU's model (schedules.host_cpu), "" where unknown
+    cpu: str = ""  # the measuring CPU's model (tvm_ext.host_cpu), "" where unknown
     vector_bits: int = 0  # the target's vector width, 0 where unknown
     kernel_class: str = ""  # the kernel's blocks by kind (``schedules.tasks.kernel_class``): transfer's key
 
     def matches(self, machine) -> bool:
-        """Whether this record may be applied on ``machine`` (a ``schedules.analysis.Machine``)
+        """Whether this record may be applied on ``machine`` (a ``tvm_ext.machine.Machine``)
         of the record's own target: same vector width, and same CPU where both are known."""
         return ((not self.vector_bits or self.vector_bits == machine.vector_bits)
                 and (not self.cpu or not machine.cpu or self.cpu == machine.cpu))

@@ -20,13 +20,14 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
-from schedules.analysis import Machine, arithmetic_ops, block_infos
+from schedules.analysis import arithmetic_ops, block_infos
+from tvm_ext.machine import Machine
 from schedules.builder import ScheduleResult
 from schedules.policies import POLICIES
 
 _POLICY_NAMES = [p.name for p in POLICIES]
-_KNOBS = ["vector", "unroll", "tile", "chunks", "tile_i", "tile_j", "k_unroll", "epilogue", "k_block", "i_block",
-          "prefetch", "accumulators"]
+_KNOBS = list(dict.fromkeys(k for p in reversed(POLICIES) for k in p.KNOBS))  # as the policies declare them,
+# the simplest policy first: vector, unroll, tile, chunks, tile_i ... (the order records' features were written in)
 _REGISTER_FILE = 32 * 64  # bytes: 32 AVX-512 registers
 _KINDS = ("anchor", "row_reduce", "elementwise")  # what a block is, for the per-kind choices
 _SLOTS = 4  # the first blocks of a kernel, each described on its own

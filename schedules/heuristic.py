@@ -8,18 +8,20 @@ improves on these choices by measuring the policies' search spaces.
 """
 from __future__ import annotations
 
-import math
-
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import BlockInfo, Machine, block_infos
+from schedules.analysis import BlockInfo, block_infos
+from tvm_ext.machine import Machine
 from schedules.builder import ScheduleBuilder, ScheduleResult
-from schedules.policies import (Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, Policy,
-                                RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
+from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, RegisterTiledAnchor,
+                                RowPerCore, SplitReduction, TransposeTile)
 
-FAILURES = (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError, KeyError)
+
+def whole_kernel_policies(machine: Machine) -> list[Policy]:
+    """The forms that take a whole kernel (``Policy.whole_kernel``), tried before the per-block ones."""
+    return [p(machine) for p in POLICIES if p.whole_kernel]
 
 
 def policies_for(info: BlockInfo, machine: Machine) -> list[Policy]:
@@ -44,27 +46,8 @@ def policies_for(info: BlockInfo, machine: Machine) -> list[Policy]:
 
 
 def default_knobs(policy: Policy, info: BlockInfo, fuse_epilogue: bool) -> dict:
-    knobs = policy.default(info)
-    if isinstance(policy, RegisterTiledAnchor):
-        knobs["epilogue"] = fuse_epilogue
-        knobs["k_unroll"] = 4
-        # about 256 accumulators (16 AVX-512 registers): 8 rows of a 32-wide tile (measured best
-        # at 1024: 111 GFLOP/s, against 69 for 4 rows)
-        space = policy.space(info)
-        want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
-        knobs["tile_i"] = min(space["tile_i"], key=lambda t: (abs(t - want), -t))
-        # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
-        # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166
-        panel = info.reduce[-1] * knobs["tile_j"] * info.dtype_bits // 8
-        knobs["k_block"] = 256 if 256 in space["k_block"] and panel > policy.machine.l1_bytes else 0
-        # block the rows too when a core's rows of A for one k chunk outgrow an eighth of L2
-        # (B's panels pass through L2 as well): at 2048^3, 122 -> 182 GFLOP/s; 1024^3, 161 -> 182
-        rows_a = math.ceil(info.spatial[-2] / policy.machine.cores) * knobs["k_block"] * info.dtype_bits // 8 \
-            if len(info.spatial) > 1 else 0
-        knobs["i_block"] = max(space["i_block"]) if knobs["k_block"] and rows_a > policy.machine.l2_bytes // 8 else 0
-    if isinstance(policy, Keep2D):
-        knobs["unroll"] = False
-    return knobs
+    """The heuristic's knobs for a block: the policy's own default (``Policy.default``)."""
+    return policy.default(info, fuse_epilogue)
 
 
 def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epilogue: bool = True,
@@ -72,16 +55,11 @@ def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epil
     """Schedule every block of ``func`` by the heuristic; returns the ScheduleResult."""
     builder = ScheduleBuilder(func)
     infos = block_infos(builder.sch)
-    rows = PersistentRows(machine)
-    if rows.applies(infos[-1], builder):
-        trial = builder.copy()
-        try:
-            knobs = rows.default(infos[-1])
-            rows.apply(trial, infos[-1], knobs)
-            trial.choose(rows.name, knobs)
-            return trial.result(name)
-        except FAILURES:
-            pass
+    for form in whole_kernel_policies(machine):
+        if form.applies(infos[-1], builder):
+            tried = form.trial(builder, infos[-1], form.default(infos[-1], fuse_epilogue), label=form.name)
+            if tried is not None:
+                return tried[0].result(name)
     done: set[str] = set()
     for info in infos:
         if info.name in done:
@@ -89,19 +67,11 @@ def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epil
         for policy in policies_for(info, machine):
             if not policy.applies(info, builder):
                 continue
-            applied = False
-            for knobs in _fallbacks(default_knobs(policy, info, fuse_epilogue)):
-                trial = builder.copy()
-                try:
-                    claimed = policy.apply(trial, info, knobs)
-                except FAILURES:
-                    continue
-                builder = trial
-                builder.choose(f"{policy.name}@{info.name}", knobs)
+            tried = next(filter(None, (policy.trial(builder, info, knobs)
+                                       for knobs in _fallbacks(default_knobs(policy, info, fuse_epilogue)))), None)
+            if tried is not None:
+                builder, claimed = tried
                 done.update(claimed)
-                applied = True
-                break
-            if applied:
                 break
     return builder.result(name)
 

@@ -14,7 +14,7 @@ import warnings
 import tvm
 from tvm import tirx
 
-from schedules.analysis import Machine
+from tvm_ext.machine import Machine
 
 from schedules.database import TuningDatabase, TuningRecord
 from schedules.search_space import Candidate, candidate_key

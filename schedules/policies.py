@@ -14,12 +14,26 @@ import itertools
 import math
 from typing import Iterator
 
-from schedules.analysis import BlockInfo, Machine, arithmetic_ops, vector_factor
+import tvm
+from tvm import s_tir
+
+from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, vector_factor
+from tvm_ext.machine import Machine
 from schedules.builder import ScheduleBuilder
 
 
+#: What a policy's ``apply`` raises when it does not fit a schedule (the trial is dropped).
+FAILURES = (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, ValueError, KeyError)
+
+
 class Policy:
+    """``KNOBS`` declares the knobs, in order; ``space`` gives each its values for a block and
+    ``default`` the heuristic's choice. The heuristic, the search space, the cost model's
+    features and the records all read these, so a knob is added in its policy alone."""
+
     name = "policy"
+    KNOBS: tuple[str, ...] = ()
+    whole_kernel = False  # one form for the whole kernel, tried before the per-block policies
 
     def __init__(self, machine: Machine):
         self.machine = machine
@@ -30,8 +44,21 @@ class Policy:
     def space(self, info: BlockInfo) -> dict[str, list]:
         return {}
 
-    def default(self, info: BlockInfo) -> dict:
+    def default(self, info: BlockInfo, fuse_epilogue: bool = True) -> dict:
+        """The heuristic's knobs: each knob's first value, unless the policy knows better."""
         return {k: v[0] for k, v in self.space(info).items()}
+
+    def trial(self, builder: ScheduleBuilder, info: BlockInfo, knobs: dict,
+              label: str | None = None) -> tuple[ScheduleBuilder, list[str]] | None:
+        """The policy applied to a copy of ``builder`` and the choice recorded on it under
+        ``label`` (default: ``name@block``); with the blocks it claimed. None if it does not fit."""
+        trial = builder.copy()
+        try:
+            claimed = self.apply(trial, info, dict(knobs))
+        except FAILURES:
+            return None
+        trial.choose(label or f"{self.name}@{info.name}", knobs)
+        return trial, list(claimed or [])
 
     def candidates(self, info: BlockInfo) -> Iterator[dict]:
         """Every knob setting of the space, once each: a knob's values can coincide (a lane
@@ -84,6 +111,7 @@ class MergeAllBlockVectorize(Policy):
     """Merge every axis into one, block-split it over the cores, vectorize a tile of it."""
 
     name = "merge_all"
+    KNOBS = ("vector",)
 
     def applies(self, info, builder):
         return info.kind in ("pointwise", "transpose") and info.size >= 4
@@ -107,6 +135,7 @@ class Keep2D(Policy):
     the inner axis (no div/mod in the inner loop's indices)."""
 
     name = "keep_2d"
+    KNOBS = ("vector", "unroll")
 
     def applies(self, info, builder):
         return info.kind in ("pointwise", "transpose") and len(info.spatial) >= 2 and info.spatial[-1] >= 4
@@ -133,6 +162,7 @@ class TransposeTile(Policy):
     lines; the outer tile axis runs across the cores, the inner one is vectorized."""
 
     name = "transpose_tile"
+    KNOBS = ("tile",)
 
     def applies(self, info, builder):
         return info.kind == "transpose" and len(info.spatial) >= 2 and min(info.spatial[-2:]) >= 8
@@ -162,6 +192,7 @@ class RowPerCore(Policy):
     wide split of the reduce axis), then sums the vector."""
 
     name = "row_per_core"
+    KNOBS = ("vector",)
 
     def applies(self, info, builder):
         return info.kind == "row_reduce" and info.reduce[-1] >= 8
@@ -194,6 +225,7 @@ class SplitReduction(Policy):
     part), each core summing a chunk, then combine the chunks."""
 
     name = "split_reduction"
+    KNOBS = ("chunks",)
 
     def applies(self, info, builder):
         return info.kind in ("row_reduce", "reduce") and info.size < self.machine.cores * 4 \
@@ -253,6 +285,7 @@ class RegisterTiledAnchor(Policy):
     that the rows of A one k chunk reads stay in L2 across the j tiles."""
 
     name = "register_tile"
+    KNOBS = ("tile_i", "tile_j", "k_unroll", "epilogue", "k_block", "i_block")
 
     def applies(self, info, builder):
         return info.kind == "anchor"
@@ -271,6 +304,26 @@ class RegisterTiledAnchor(Policy):
         i_blocks = [0] + [b for b in (256, 128) if ni > b * self.machine.cores]
         return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False],
                 "k_block": k_blocks, "i_block": i_blocks}
+
+    def default(self, info, fuse_epilogue=True):
+        space = self.space(info)
+        knobs = {k: v[0] for k, v in space.items()}
+        knobs["epilogue"] = fuse_epilogue
+        knobs["k_unroll"] = 4
+        # about 256 accumulators (16 AVX-512 registers): 8 rows of a 32-wide tile (measured best
+        # at 1024: 111 GFLOP/s, against 69 for 4 rows)
+        want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
+        knobs["tile_i"] = min(space["tile_i"], key=lambda t: (abs(t - want), -t))
+        # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
+        # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166
+        panel = info.reduce[-1] * knobs["tile_j"] * info.dtype_bits // 8
+        knobs["k_block"] = 256 if 256 in space["k_block"] and panel > self.machine.l1_bytes else 0
+        # block the rows too when a core's rows of A for one k chunk outgrow an eighth of L2
+        # (B's panels pass through L2 as well): at 2048^3, 122 -> 182 GFLOP/s; 1024^3, 161 -> 182
+        rows_a = math.ceil(info.spatial[-2] / self.machine.cores) * knobs["k_block"] * info.dtype_bits // 8 \
+            if len(info.spatial) > 1 else 0
+        knobs["i_block"] = max(space["i_block"]) if knobs["k_block"] and rows_a > self.machine.l2_bytes // 8 else 0
+        return knobs
 
     def apply(self, builder, info, knobs):
         if not knobs["tile_j"]:
@@ -377,6 +430,8 @@ class PersistentRows(Policy):
     of adds instead of one; combined as vectors, then across the lanes)."""
 
     name = "persistent_rows"
+    KNOBS = ("vector", "prefetch", "accumulators")
+    whole_kernel = True
 
     def applies(self, info, builder):
         return self.rows(builder) is not None
@@ -388,7 +443,6 @@ class PersistentRows(Policy):
 
     def rows(self, builder: ScheduleBuilder) -> int | None:
         """How many leading axes every stage shares (None if this form does not fit)."""
-        from schedules.analysis import block_infos
         infos = block_infos(builder.sch)
         reductions = [i for i in infos if i.reduce]
         if len(infos) < 2 or not reductions or any(i.kind == "anchor" for i in infos):

@@ -13,10 +13,11 @@ from typing import Iterator
 
 from tvm import tirx
 
-from schedules.analysis import BlockInfo, Machine, block_infos
+from schedules.analysis import BlockInfo, block_infos
+from tvm_ext.machine import Machine
 from schedules.builder import ScheduleBuilder, ScheduleResult
-from schedules.heuristic import FAILURES, policies_for, schedule_kernel
-from schedules.policies import POLICIES, PersistentRows, Policy
+from schedules.heuristic import policies_for, schedule_kernel, whole_kernel_policies
+from schedules.policies import FAILURES, POLICIES, Policy
 
 Candidate = list  # [[label, knobs], ...]
 
@@ -70,9 +71,7 @@ def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048) ->
     for steps, leaf in _walk(builder, infos, 0, set(), machine):
         if len(out) >= limit:
             break
-        for label, knobs in steps:
-            leaf.choose(label, knobs)
-        out.append((steps, leaf.result("kernel")))
+        out.append((steps, leaf.result("kernel")))  # each step chose its knobs on the way (Policy.trial)
     return out
 
 
@@ -108,16 +107,13 @@ def space_bound(func: tirx.PrimFunc, machine: Machine) -> int:
 
 def _whole_kernel_forms(builder: ScheduleBuilder, infos: list[BlockInfo],
                         machine: Machine) -> list[tuple[Candidate, ScheduleResult]]:
-    rows, out = PersistentRows(machine), []
-    if rows.applies(infos[-1], builder):
-        for knobs in rows.candidates(infos[-1]):
-            trial = builder.copy()
-            try:
-                rows.apply(trial, infos[-1], knobs)
-            except FAILURES:
-                continue
-            trial.choose(rows.name, knobs)
-            out.append(([[rows.name, knobs]], trial.result("kernel")))
+    out = []
+    for form in whole_kernel_policies(machine):
+        if form.applies(infos[-1], builder):
+            for knobs in form.candidates(infos[-1]):
+                tried = form.trial(builder, infos[-1], knobs, label=form.name)
+                if tried is not None:
+                    out.append(([[form.name, knobs]], tried[0].result("kernel")))
     return out
 
 
@@ -134,11 +130,10 @@ def _walk(builder: ScheduleBuilder, infos: list[BlockInfo], i: int, done: set[st
         return
     info = infos[i]
     for policy, knobs in _options(builder, info, machine):
-        trial = builder.copy()
-        try:
-            claimed = policy.apply(trial, info, dict(knobs))
-        except FAILURES:
+        tried = policy.trial(builder, info, knobs)
+        if tried is None:
             continue
+        trial, claimed = tried
         step = [f"{policy.name}@{info.name}", knobs]
         for rest, leaf in _walk(trial, infos, i + 1, done | set(claimed), machine):
             yield [step] + rest, leaf
@@ -153,15 +148,12 @@ def _random_walk(builder: ScheduleBuilder, infos: list[BlockInfo], machine: Mach
         options = _options(builder, info, machine)
         rng.shuffle(options)
         for policy, knobs in options:
-            trial = builder.copy()
-            try:
-                claimed = policy.apply(trial, info, dict(knobs))
-            except FAILURES:
+            tried = policy.trial(builder, info, knobs)
+            if tried is None:
                 continue
-            label = f"{policy.name}@{info.name}"
-            trial.choose(label, knobs)
-            steps.append([label, knobs])
-            builder, done = trial, done | set(claimed)
+            builder, claimed = tried
+            steps.append([f"{policy.name}@{info.name}", knobs])
+            done = done | set(claimed)
             break
         else:
             return None

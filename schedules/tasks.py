@@ -13,7 +13,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import Machine, block_infos
+from schedules.analysis import block_infos, master_is_anchor
+from tvm_ext.machine import Machine
 from tvm_ext import attrs
 
 
@@ -57,8 +58,6 @@ def target_key(target: tvm.target.Target | str) -> str:
 def extract_tasks(lowered: tvm.IRModule, target: tvm.target.Target, all_kernels: bool = False) -> list[Task]:
     """The tasks of an unscheduled lowered module (``Pipeline(schedule=False).lower``): our
     kernels (every PrimFunc with ``all_kernels``), de-duplicated, weighted by call count."""
-    from schedules import master_is_anchor  # the package's pass module imports this one
-
     calls = _call_counts(lowered)
     tasks: dict[str, Task] = {}
     for gv, func in lowered.functions_items():

@@ -17,7 +17,7 @@ from relay_passes.autofuse import STOP_RULES, AutoFuse, BoxKind
 from relay_passes.concretize_broadcast import concretize_broadcast, is_broadcast_view
 from relay_passes.strategies import partition_nnvm
 from relay_passes.fuse_partition import FusePartition
-from schedules.analysis import Machine
+from tvm_ext.machine import Machine
 from tvm_ext import OPS
 from tvm_ext import loop_ir as L
 

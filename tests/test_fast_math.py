@@ -150,7 +150,7 @@ _REGISTERS = {64: "zmm", 32: "ymm", 16: "xmm"}
 def test_each_form_compiles_to_full_width_vector_code(form, mcpu):
     import re
 
-    from schedules.analysis import Machine
+    from tvm_ext.machine import Machine
     from schedules.heuristic import schedule_kernel
     from tvm_ext.target import cpu_target, host_target
 

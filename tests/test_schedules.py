@@ -398,8 +398,8 @@ def test_a_last_axis_without_a_full_vector_merges_when_every_read_is_at_the_bloc
 
 
 def test_the_host_machine_takes_its_caches_and_model_from_the_os():
-    from schedules import host_cpu
-    from schedules.analysis import is_host
+    from tvm_ext import host_cpu
+    from tvm_ext.machine import is_host
 
     assert host_cpu._size("48K") == 48 << 10 and host_cpu._size("32M") == 32 << 20 and host_cpu._size("512") == 512
     host = Machine.for_target(tvm_ext.host_target())
@@ -410,3 +410,24 @@ def test_the_host_machine_takes_its_caches_and_model_from_the_os():
     assert host.cpu == host_cpu.host_cpu_name()
     other = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64" if is_host(tvm_ext.host_target()) else "znver3"})
     assert not is_host(other) and Machine.for_target(other).cpu == ""  # another CPU: defaults, no name
+
+
+def test_each_policy_declares_its_knobs_once_and_the_features_read_the_declaration():
+    from schedules.analysis import BlockInfo
+    from schedules.features import _KNOBS
+    from schedules.policies import POLICIES
+
+    machine = Machine(cores=2, vector_bytes=64)
+    infos = [BlockInfo("b", kind, spatial, reduce, 32) for kind, spatial, reduce in (
+        ("pointwise", (64, 128), ()), ("transpose", (64, 128), ()), ("row_reduce", (64, 128), (128,)),
+        ("reduce", (), (4096,)), ("anchor", (256, 256), (512,)))]
+    for cls in POLICIES:
+        policy = cls(machine)
+        for info in infos:
+            try:
+                space = policy.space(info)
+            except (IndexError, ValueError, ZeroDivisionError):  # a block of a kind the policy never takes
+                continue
+            assert set(space) == set(cls.KNOBS), cls.name
+            assert set(policy.default(info)) == set(cls.KNOBS), cls.name
+    assert set(_KNOBS) == {k for cls in POLICIES for k in cls.KNOBS} and len(_KNOBS) == len(set(_KNOBS))

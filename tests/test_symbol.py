@@ -4,6 +4,8 @@ ctx_group example, and compiled MLP/CNN symbols against torch."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -327,3 +329,23 @@ def test_mxnet_layer_names_prefix_operators_and_composed_numerics():
     v = values
     h = v["emb_weight"][v["idx"].astype(int)] @ v["fc_weight"].T + v["fc_bias"]
     np.testing.assert_allclose(got, np.tensordot(h, v["q"], 1), rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_registered_at_run_time_gets_its_symbol_function_at_once(tmp_path):
+    # in a process of its own: the registration must not leak into the other tests' registry
+    script = tmp_path / "late_op.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import tvm_ext\n"
+        "from tvm_ext import OpDef, OpPattern, sym\n"
+        "assert not hasattr(sym, 'sinh') and 'sinh' not in sym.list_ops()\n"
+        "x = sym.Variable('x')\n"
+        "sym.exp(x)  # the table is built now, before the registration\n"
+        "tvm_ext.OPS.register(OpDef('relax.sinh', OpPattern.ELEMWISE, doc='TVM legalizes it'))\n"
+        "assert 'sinh' in sym.list_ops()\n"
+        "y = sym.sinh(x, name='y')\n"
+        "v = np.linspace(-2, 2, 12, dtype='float32').reshape(3, 4)\n"
+        "np.testing.assert_allclose(tvm_ext.compile(y, [v])(v), np.sinh(v), rtol=1e-5)\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -126,7 +126,7 @@ def test_search_space_has_no_duplicates_at_any_vector_width(tasks, mcpu):
     # built and enumerated for each target whatever the host has; nothing runs
     import tvm
 
-    from schedules.analysis import Machine
+    from tvm_ext.machine import Machine
 
     target = tvm_ext.host_target() if mcpu == "host" else tvm.target.Target({"kind": "llvm", "mcpu": mcpu,
                                                                              "num-cores": 2})

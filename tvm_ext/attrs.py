@@ -3,7 +3,9 @@
 GROUP = "tvm_ext.group"  # on grouped Relax functions: the group id of the partition
 PATTERN = "tvm_ext.pattern"  # on grouped functions and kernels: the group's fuse pattern
 LOCAL = "tvm_ext.local"  # on grouped functions: members to realize as kernel-local stages
-MASTER = "tvm_ext.master"  # on grouped functions and kernels: "name:op" of the master node
+MASTER = "tvm_ext.master"  # on grouped functions and kernels: "name:op" of the master node (for people)
+TILED_EPILOGUE = "tvm_ext.tiled_epilogue"  # on grouped functions and kernels: the epilogue runs on the
+# master op's output tiles (its pattern is OutEWiseFusable), so schedules keep the stages together
 KERNEL = "tvm_ext.kernel"  # on PrimFuncs we generated: the group's pattern name
 OPS = "tvm_ext.ops"  # on our PrimFuncs: comma-separated Relax ops the kernel covers
 LOOP_IR = "tvm_ext.loop_ir"  # on our PrimFuncs: the kernel's Loop IR, as text

@@ -58,8 +58,6 @@ def _extreme(op):
     """A converter for ``aten.amax`` / ``aten.amin`` (x, dim=(), keepdim=False), which TVM's
     importer lacks: a max / min reduction over ``dim`` (all dims when empty)."""
     def convert(node, importer):
-        from tvm import relax
-
         args = importer.retrieve_args(node)
         dim = args[1] if len(args) > 1 else node.kwargs.get("dim", ())
         keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)

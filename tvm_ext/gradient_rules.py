@@ -31,14 +31,14 @@ def shape_of(expr: relax.Expr) -> tuple[int, ...]:
                          "shapes") from err
 
 
-def dtype_of(expr: relax.Expr) -> str:
+def expr_dtype(expr: relax.Expr) -> str:
     """The dtype of a tensor expression."""
     return str(expr.ty.dtype)
 
 
-def const(value: float, like: relax.Expr) -> relax.Constant:
+def const_like(value: float, like: relax.Expr) -> relax.Constant:
     """A scalar constant of ``like``'s dtype."""
-    return relax.const(value, dtype_of(like))
+    return relax.const(value, expr_dtype(like))
 
 
 def sum_to(grad: relax.Expr, shape: Sequence[int], bb: relax.BlockBuilder) -> relax.Expr:
@@ -74,7 +74,7 @@ def keep_reduced_dims(grad: relax.Expr, in_shape: Sequence[int], axis: Axes, kee
     return relax.op.reshape(grad, shape)
 
 
-def broadcast_to(grad: relax.Expr, shape: Sequence[int], bb: relax.BlockBuilder) -> relax.Expr:
+def broadcast_grad(grad: relax.Expr, shape: Sequence[int], bb: relax.BlockBuilder) -> relax.Expr:
     """``broadcast_to`` unless ``grad`` has the shape already."""
     grad = bb.normalize(grad)
     return grad if shape_of(grad) == tuple(shape) else relax.op.broadcast_to(grad, shape)

@@ -22,7 +22,7 @@ from relay_passes.autofuse import AutoFuse, RollbackVerdict, StopRules
 from relay_passes.graph import DataflowGraph
 from relay_passes.grouping import outline_group
 from relay_passes.partition import Group
-from schedules.analysis import Machine
+from tvm_ext.machine import Machine
 from schedules.database import TuningDatabase, TuningRecord
 from tvm_ext.errors import CompileError
 

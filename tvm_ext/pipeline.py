@@ -103,7 +103,7 @@ class Pipeline:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
         blocked = [BlockConvLayout()] if self.block_conv and self.fusion != "tvm" else []
-        seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(), FoldTupleGetItem(),
+        seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(self.registry), FoldTupleGetItem(),
                relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
                relax.transform.DeadCodeElimination()]
         with self.target:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, Union
 
+import numpy as np
 from tvm import relax
 
 from tvm_ext.gradient_rules import GradientRule
@@ -51,6 +52,8 @@ class OpNode:
 Lowering = Callable[[OpNode], Union[TensorValue, Sequence[TensorValue]]]
 PatternRule = Union[OpPattern, Callable[[relax.Call], OpPattern]]
 ShapeRule = Callable[[tuple, dict], dict]  # (data shape, attrs) -> {input name: shape}
+ConstantFold = Callable[[np.ndarray, relax.Call], np.ndarray]  # (the constant input, the call) -> the result
+BroadcastRule = Union[bool, Callable[[relax.Call, relax.Var], bool]]  # (call, its result) -> a broadcast view?
 # (input shapes, output shape, attrs) -> input shapes; None = unknown, a 0 dim = unknown dim (MXNet's)
 InputShapeRule = Callable[[list, "tuple | None", dict], list]
 
@@ -105,13 +108,19 @@ class OpDef:
     inplace: tuple[tuple[int, int], ...] = ()  # (input, output) pairs that may share memory
     mutates: tuple[int, ...] = ()  # inputs the op updates in place (NNVM's FMutateInputs): same device only
     view: bool = False  # a pure re-indexing that TVM can turn into a zero-copy reshape
+    anchor: bool = False  # reads each input element many times (matmul, conv2d): inputs are not inlined
+    shape_only: tuple[int, ...] = ()  # inputs read for their shape only (NNVM's FIgnoreInputs)
+    fold: ConstantFold | None = None  # the op applied to a constant (FoldWeightLayout folds it away)
+    broadcast_view: BroadcastRule = False  # only adds, drops or repeats unit dims (ConcretizeBroadcast)
     doc: str = ""
-    tags: frozenset = field(default_factory=frozenset)
     symbol: SymbolOp | None = None  # how tvm_ext.symbol builds it, when its Relax call alone is not enough
     symbols: tuple[SymbolOp, ...] = ()  # more Symbol-API ops built on this Relax op (MXNet's dot, batch_dot)
 
     def pattern_of(self, call: relax.Call) -> OpPattern:
         return self.pattern(call) if callable(self.pattern) else self.pattern
+
+    def is_broadcast_view(self, call: relax.Call, var: relax.Var) -> bool:
+        return self.broadcast_view(call, var) if callable(self.broadcast_view) else self.broadcast_view
 
 
 class OpRegistry:
@@ -119,11 +128,13 @@ class OpRegistry:
 
     def __init__(self) -> None:
         self._ops: dict[str, OpDef] = {}
+        self.version = 0  # counts registrations: tables built from the registry rebuild when it moves
 
     def register(self, opdef: OpDef) -> OpDef:
         if opdef.name in self._ops:
             raise ValueError(f"op {opdef.name} is registered twice")
         self._ops[opdef.name] = opdef
+        self.version += 1
         return opdef
 
     def get(self, name: str) -> OpDef | None:

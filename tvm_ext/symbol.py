@@ -509,12 +509,12 @@ class Symbol:
     @property
     def T(self) -> Symbol:
         """All axes reversed (``sym.transpose(s)``)."""
-        return _FUNCTIONS["transpose"](self)
+        return _function("transpose")(self)
 
     def __getattr__(self, name: str) -> Callable[..., Symbol]:
         """MXNet's fluent methods: ``s.exp()`` is ``sym.exp(s)``, ``s.reshape(shape=...)`` ..."""
-        if name in FLUENT_METHODS and name in _FUNCTIONS:
-            fn = _FUNCTIONS[name]
+        fn = _function(name) if name in FLUENT_METHODS else None
+        if fn is not None:
             return lambda *args, **kwargs: fn(self, *args, **kwargs)
         raise AttributeError(f"'Symbol' object has no attribute {name!r}")
 
@@ -737,15 +737,41 @@ def _build_table() -> tuple[dict[str, OpInfo], dict[str, str]]:
     return table, aliases
 
 
-SYMBOL_OPS, ALIASES = _build_table()
+class _OpTable:
+    """The Symbol API's ops, built from the registry when first asked for and rebuilt whenever
+    an op has been registered since (``tvm_ext.register_op`` at run time gets its ``sym.name``)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.ops: dict[str, OpInfo] = {}
+        self.aliases: dict[str, str] = {}
+        self.functions: dict[str, Callable[..., Symbol]] = {}
+
+    def current(self) -> _OpTable:
+        if self.version != OPS.version:
+            self.ops, self.aliases = _build_table()
+            self.functions = {**{name: _op_function(info, name) for name, info in self.ops.items()},
+                              **{alias: _op_function(self.ops[target], alias) for alias, target in self.aliases.items()},
+                              **_MXNET_FUNCTIONS}
+            self.version = OPS.version
+        return self
+
+
+_TABLE = _OpTable()
 
 
 def op_spec(name: str) -> OpInfo:
     """The table entry of a symbol op name (or alias)."""
-    info = SYMBOL_OPS.get(ALIASES.get(name, name))
+    table = _TABLE.current()
+    info = table.ops.get(table.aliases.get(name, name))
     if info is None:
-        raise InputError(f"unknown symbol op {name!r}; known ops: {', '.join(sorted(SYMBOL_OPS))}")
+        raise InputError(f"unknown symbol op {name!r}; known ops: {', '.join(sorted(table.ops))}")
     return info
+
+
+def _function(name: str) -> Callable[..., Symbol] | None:
+    """The op function ``sym.<name>``, None if there is none."""
+    return _TABLE.current().functions.get(name)
 
 
 def _call(op: str, args: Sequence[Any], kwargs: dict, name: str | None = None,
@@ -867,10 +893,6 @@ def _op_function(info: OpInfo, public_name: str) -> Callable[..., Symbol]:
     return fn
 
 
-_FUNCTIONS: dict[str, Callable[..., Symbol]] = {
-    **{name: _op_function(info, name) for name, info in SYMBOL_OPS.items()},
-    **{alias: _op_function(SYMBOL_OPS[target], alias) for alias, target in ALIASES.items()},
-}
 
 
 # --------------------------------------------------------------------------- MXNet's names
@@ -1020,9 +1042,10 @@ def Concat(*data: Symbol, dim: int | None = None, axis: int | None = None, num_a
                  hint="concat")
 
 
-_FUNCTIONS.update({name: _mxnet_function(name, alias) for name, alias in MXNET_ALIASES.items()})
-_FUNCTIONS.update({"Activation": Activation, "Pooling": Pooling, "SliceChannel": SliceChannel, "split": _split,
-                   "Concat": Concat, "where": where})
+_MXNET_FUNCTIONS: dict[str, Callable[..., Symbol]] = {
+    **{name: _mxnet_function(name, alias) for name, alias in MXNET_ALIASES.items()},
+    "Activation": Activation, "Pooling": Pooling, "SliceChannel": SliceChannel, "split": _split,
+    "Concat": Concat, "where": where}
 
 # MXNet's fluent methods (``s.exp()``), those whose op exists here
 FLUENT_METHODS = frozenset("""reshape reshape_like zeros_like ones_like broadcast_axes repeat pad swapaxes split slice
@@ -1035,15 +1058,16 @@ FLUENT_METHODS = frozenset("""reshape reshape_like zeros_like ones_like broadcas
 
 def __getattr__(name: str) -> Callable[..., Symbol]:
     """Op functions (``sym.exp``, ``sym.dense``, ``sym.FullyConnected`` ...), from the op table."""
-    if name in _FUNCTIONS:
-        return _FUNCTIONS[name]
+    fn = _function(name)
+    if fn is not None:
+        return fn
     raise AttributeError(f"module 'tvm_ext.symbol' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_FUNCTIONS])
+    return sorted([*globals(), *_TABLE.current().functions])
 
 
 def list_ops() -> list[str]:
     """Names of the op functions of this module (aliases included)."""
-    return sorted(_FUNCTIONS)
+    return sorted(_TABLE.current().functions)

@@ -5,6 +5,8 @@ import os
 
 import tvm
 
+from tvm_ext.machine import has_avx512
+
 
 def host_target(cores: int | None = None) -> tvm.target.Target:
     """LLVM for the host CPU (its exact mcpu, so AVX-512 is used where present)."""
@@ -18,8 +20,6 @@ def cpu_target(mcpu: str, cores: int | None = None) -> tvm.target.Target:
     are written for full-width vectors (a vectorized exp ran 2.0x faster with them), so the
     target lifts that preference.
     """
-    from schedules.analysis import has_avx512
-
     cores = cores or len(os.sched_getaffinity(0))
     config = {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
     if has_avx512(tvm.target.Target(config)):

@@ -25,6 +25,7 @@ from tvm import relax
 from relay_passes.gradient import emit_adjoint, is_float, select_params
 from tvm_ext.errors import InputError
 from tvm_ext.gradient_rules import shape_of
+from tvm_ext.pipeline import compile as compile_model
 
 
 # --------------------------------------------------------------------------- optimizers
@@ -233,8 +234,6 @@ class Trainer:
         return self._predict["main"](*[feeds[n] for n in self._predict_inputs]).numpy()
 
     def _compile(self, mod: tvm.IRModule) -> relax.VirtualMachine:
-        from tvm_ext.pipeline import compile as compile_model
-
         compiled = compile_model(mod, **self._compile_options)
         self.compiled.append(compiled)
         return relax.VirtualMachine(compiled.executable, self._device)

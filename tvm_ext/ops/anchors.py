@@ -101,7 +101,7 @@ BATCH_DOT = SymbolOp("batch_dot", _batch_dot_emit, inputs=("lhs", "rhs"), attrs=
 
 
 @register_op("relax.matmul", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_matmul, symbol=DENSE,
-             symbols=(DOT, BATCH_DOT))
+             symbols=(DOT, BATCH_DOT), anchor=True)
 def _matmul(node: OpNode) -> TensorValue:
     """out[..., i, j] = sum_k a[..., i, k] * b[..., k, j], numpy's 1-d and batch rules."""
     a, b = node.args
@@ -209,7 +209,7 @@ CONV2D = SymbolOp("conv2d", _conv2d_emit, inputs=("data", "weight", "bias"),
                   doc="2-d convolution, NCHW data and (num_filter, C/num_group, kh, kw) weight, MXNet's names.")
 
 
-@register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d, symbol=CONV2D)
+@register_op("relax.nn.conv2d", OpPattern.OUT_EWISE_FUSABLE, gradient=_grad_conv2d, symbol=CONV2D, anchor=True)
 def _conv2d(node: OpNode) -> TensorValue:
     """Direct convolution with strides, padding, dilation and groups, NCHW x OIHW, or blocked
     (NCHW[b]c x OIHW[b]i[b]o, groups in whole blocks; ``relay_passes.conv_layout``) where the output's

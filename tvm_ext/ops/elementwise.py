@@ -11,7 +11,7 @@ from typing import Callable
 from tvm import relax
 
 from tvm_ext import loop_ir as L
-from tvm_ext.gradient_rules import GradientRule, const, dtype_of, sum_to_like
+from tvm_ext.gradient_rules import GradientRule, const_like, expr_dtype, sum_to_like
 from tvm_ext.lowering import TensorValue, check_no_lowering, full, pointwise
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, register_op
@@ -69,7 +69,7 @@ _op = relax.op
 
 
 def _mask(cond: relax.Expr, like: relax.Expr) -> relax.Expr:
-    return _op.astype(cond, dtype_of(like))
+    return _op.astype(cond, expr_dtype(like))
 
 
 def _selector_gradient(first_wins: Callable):
@@ -77,7 +77,7 @@ def _selector_gradient(first_wins: Callable):
     def rule(call, y, g, bb):
         a, b = call.args
         m = _mask(first_wins(a, b), g)
-        return [sum_to_like(g * m, a, bb), sum_to_like(g * (const(1.0, g) - m), b, bb)]
+        return [sum_to_like(g * m, a, bb), sum_to_like(g * (const_like(1.0, g) - m), b, bb)]
     return rule
 
 
@@ -90,7 +90,7 @@ BINARY_GRADIENTS: dict[str, GradientRule] = {
     "divide": lambda call, y, g, bb: [sum_to_like(g / call.args[1], call.args[0], bb),
                                       sum_to_like(_op.negative(g * y / call.args[1]), call.args[1], bb)],
     "power": lambda call, y, g, bb: [
-        sum_to_like(g * call.args[1] * _op.power(call.args[0], call.args[1] - const(1.0, call.args[1])),
+        sum_to_like(g * call.args[1] * _op.power(call.args[0], call.args[1] - const_like(1.0, call.args[1])),
                     call.args[0], bb),
         sum_to_like(g * y * _op.log(call.args[0]), call.args[1], bb)],
     "maximum": _selector_gradient(_op.greater_equal),
@@ -101,14 +101,14 @@ UNARY_GRADIENTS: dict[str, GradientRule] = {
     "negative": lambda call, y, g, bb: [_op.negative(g)],
     "exp": lambda call, y, g, bb: [g * y],
     "log": lambda call, y, g, bb: [g / call.args[0]],
-    "sqrt": lambda call, y, g, bb: [g * const(0.5, g) / y],
-    "rsqrt": lambda call, y, g, bb: [g * const(-0.5, g) * y * y * y],
-    "tanh": lambda call, y, g, bb: [g * (const(1.0, g) - y * y)],
-    "sigmoid": lambda call, y, g, bb: [g * y * (const(1.0, g) - y)],
+    "sqrt": lambda call, y, g, bb: [g * const_like(0.5, g) / y],
+    "rsqrt": lambda call, y, g, bb: [g * const_like(-0.5, g) * y * y * y],
+    "tanh": lambda call, y, g, bb: [g * (const_like(1.0, g) - y * y)],
+    "sigmoid": lambda call, y, g, bb: [g * y * (const_like(1.0, g) - y)],
     "abs": lambda call, y, g, bb: [g * _op.sign(call.args[0])],
     "sin": lambda call, y, g, bb: [g * _op.cos(call.args[0])],
     "cos": lambda call, y, g, bb: [_op.negative(g * _op.sin(call.args[0]))],
-    "erf": lambda call, y, g, bb: [g * const(2.0 / math.sqrt(math.pi), g)
+    "erf": lambda call, y, g, bb: [g * const_like(2.0 / math.sqrt(math.pi), g)
                                    * _op.exp(_op.negative(call.args[0] * call.args[0]))],
 }
 
@@ -131,18 +131,18 @@ for _name in ("negative", "abs", "sign", "logical_not", "bitwise_not", "isnan", 
           doc=f"Unary {_name}" + (" (float)." if _float_only else "."), gradient=UNARY_GRADIENTS.get(_name))
 
 unary("relax.square", lambda x: x * x, doc="x * x.",
-      gradient=lambda call, y, g, bb: [g * const(2.0, g) * call.args[0]])
+      gradient=lambda call, y, g, bb: [g * const_like(2.0, g) * call.args[0]])
 
 # ---- activations, written as their math
 unary("relax.nn.relu", lambda x: L.maximum(x, 0), doc="max(x, 0).",
       # where, not g * mask: the boolean crosses to the backward kernel (a byte an element, not
       # four), and a NaN adjoint where x <= 0 gives 0, as PyTorch's threshold_backward does
-      gradient=lambda call, y, g, bb: [_op.where(_op.greater(call.args[0], const(0.0, g)), g, const(0.0, g))])
+      gradient=lambda call, y, g, bb: [_op.where(_op.greater(call.args[0], const_like(0.0, g)), g, const_like(0.0, g))])
 
 
 def _grad_silu(call, y, g, bb):
     s = _op.sigmoid(call.args[0])
-    return [g * s * (const(1.0, g) + call.args[0] * (const(1.0, g) - s))]
+    return [g * s * (const_like(1.0, g) + call.args[0] * (const_like(1.0, g) - s))]
 
 
 unary("relax.nn.silu", lambda x: x * L.sigmoid(x), float_only=True, doc="x * sigmoid(x).", gradient=_grad_silu)
@@ -151,8 +151,8 @@ unary("relax.nn.silu", lambda x: x * L.sigmoid(x), float_only=True, doc="x * sig
 def _grad_gelu(call, y, g, bb):
     """Phi(x) + x * phi(x)."""
     x = call.args[0]
-    cdf = const(0.5, g) * (const(1.0, g) + _op.erf(x * const(1.0 / math.sqrt(2.0), g)))
-    pdf = _op.exp(x * x * const(-0.5, g)) * const(1.0 / math.sqrt(2.0 * math.pi), g)
+    cdf = const_like(0.5, g) * (const_like(1.0, g) + _op.erf(x * const_like(1.0 / math.sqrt(2.0), g)))
+    pdf = _op.exp(x * x * const_like(-0.5, g)) * const_like(1.0 / math.sqrt(2.0 * math.pi), g)
     return [g * (cdf + x * pdf)]
 
 
@@ -180,7 +180,7 @@ def _clip(node: OpNode) -> TensorValue:
 
 def _grad_where(call, y, g, bb):
     cond, a, b = call.args
-    zero = const(0.0, g)
+    zero = const_like(0.0, g)
     return [None, sum_to_like(_op.where(cond, g, zero), a, bb), sum_to_like(_op.where(cond, zero, g), b, bb)]
 
 
@@ -198,10 +198,11 @@ def _where(node: OpNode) -> TensorValue:
 
 def _grad_astype(call, y, g, bb):
     x = call.args[0]
-    return [_op.astype(g, dtype_of(x)) if dtype_of(x).startswith(("float", "bfloat")) else None]
+    return [_op.astype(g, expr_dtype(x)) if expr_dtype(x).startswith(("float", "bfloat")) else None]
 
 
-@register_op("relax.astype", OpPattern.ELEMWISE, gradient=_grad_astype, inplace=IN_PLACE_UNARY)
+@register_op("relax.astype", OpPattern.ELEMWISE, gradient=_grad_astype, inplace=IN_PLACE_UNARY,
+             fold=lambda a, c: a.astype(str(c.attrs.dtype)))
 def _astype(node: OpNode) -> TensorValue:
     """A cast; float -> int truncates toward zero as C does."""
     return pointwise(lambda x: x, node.tensors, node.out_dtype, node.name, promote=False)
@@ -230,12 +231,12 @@ def _creation(value_of: Callable[[OpNode], float | int | bool]):
 register_op("relax.zeros", OpPattern.ELEMWISE, _creation(lambda n: 0), doc="All zeros.")
 register_op("relax.ones", OpPattern.ELEMWISE, _creation(lambda n: 1), doc="All ones.")
 register_op("relax.zeros_like", OpPattern.ELEMWISE, _creation(lambda n: 0), doc="Zeros of x's shape.",
-            gradient=_no_gradient)
+            gradient=_no_gradient, shape_only=(0,))
 register_op("relax.ones_like", OpPattern.ELEMWISE, _creation(lambda n: 1), doc="Ones of x's shape.",
-            gradient=_no_gradient)
+            gradient=_no_gradient, shape_only=(0,))
 register_op("relax.full", OpPattern.ELEMWISE, _creation(lambda n: _fill_value(n, 1)), doc="Filled.")
 register_op("relax.full_like", OpPattern.ELEMWISE, _creation(lambda n: _fill_value(n, 1)),
-            doc="Filled, x's shape.", gradient=_no_gradient)
+            doc="Filled, x's shape.", gradient=_no_gradient, shape_only=(0,))
 register_op("relax.ewise_fma", OpPattern.ELEMWISE,
             _pointwise_lowering(lambda a, b, c: a * b + c), doc="a * b + c (TVM has no kernel for it).",
             inplace=((0, 0), (1, 0), (2, 0)))

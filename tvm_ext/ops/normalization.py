@@ -7,7 +7,7 @@ from typing import Sequence
 from tvm import relax
 
 from tvm_ext import loop_ir as L
-from tvm_ext.gradient_rules import const, shape_of
+from tvm_ext.gradient_rules import const_like, shape_of
 from tvm_ext.lowering import TensorValue, check_no_lowering, normalize_axes, pointwise, reduce, view
 from tvm_ext.ops.reduction import mean, variance
 from tvm_ext.patterns import OpPattern
@@ -42,7 +42,7 @@ def _grad_layer_norm(call, y, g, bb):
     others = [d for d in range(len(shape)) if d not in axes]
     param_shape = [shape[d] if d in axes else 1 for d in range(len(shape))]
     mu = relax.op.mean(x, axes, keepdims=True)
-    rstd = relax.op.rsqrt(relax.op.variance(x, axes, keepdims=True) + const(float(call.attrs.epsilon), x))
+    rstd = relax.op.rsqrt(relax.op.variance(x, axes, keepdims=True) + const_like(float(call.attrs.epsilon), x))
     xhat = (x - mu) * rstd
     scale, center = bool(call.attrs.scale), bool(call.attrs.center)
     dxhat = g * relax.op.reshape(gamma, param_shape) if scale else g

@@ -10,11 +10,11 @@ import math
 from tvm import relax
 
 from tvm_ext import loop_ir as L
-from tvm_ext.gradient_rules import GradientRule, broadcast_to, const, keep_reduced_dims, reduced_axes, shape_of
+from tvm_ext.gradient_rules import GradientRule, broadcast_grad, const_like, keep_reduced_dims, reduced_axes, shape_of
 from tvm_ext.lowering import (TensorValue, check_no_lowering, normalize_axes, on_first_load, pointwise, reduce,
                               reduction)
 from tvm_ext.patterns import OpPattern
-from tvm_ext.registry import OpNode, SymbolOp, pair, register_op
+from tvm_ext.registry import OPS, OpDef, OpNode, SymbolOp, pair, register_op
 
 
 def _axes(node: OpNode, x: TensorValue) -> tuple[int, ...]:
@@ -69,12 +69,12 @@ def _reduced_count(call: relax.Call) -> int:
 
 
 def _grad_sum(call, y, g, bb):
-    return [broadcast_to(_spread(call, g), shape_of(call.args[0]), bb)]
+    return [broadcast_grad(_spread(call, g), shape_of(call.args[0]), bb)]
 
 
 def _grad_mean(call, y, g, bb):
-    scaled = _spread(call, g) * const(1.0 / _reduced_count(call), g)
-    return [broadcast_to(scaled, shape_of(call.args[0]), bb)]
+    scaled = _spread(call, g) * const_like(1.0 / _reduced_count(call), g)
+    return [broadcast_grad(scaled, shape_of(call.args[0]), bb)]
 
 
 def _grad_extremum(call, y, g, bb):
@@ -89,7 +89,7 @@ def _grad_variance(call, y, g, bb):
     """d var / dx = 2 (x - mean) / N."""
     x = call.args[0]
     centered = x - relax.op.mean(x, reduced_axes(shape_of(x), call.attrs.axis), keepdims=True)
-    return [centered * (_spread(call, g) * const(2.0 / _reduced_count(call), g))]
+    return [centered * (_spread(call, g) * const_like(2.0 / _reduced_count(call), g))]
 
 
 REDUCE_GRADIENTS: dict[str, GradientRule] = {"sum": _grad_sum, "max": _grad_extremum, "min": _grad_extremum}
@@ -117,9 +117,12 @@ POOLS = {kind: SymbolOp(f"{kind}_pool2d", _pool_emit(kind), attrs={"stride": Non
                             + (", padding left out of the average." if kind == "avg" else "."))
          for kind in ("max", "avg")}
 
+for _kind in ("max", "avg"):  # TVM's kernels (no lowering here); the Symbol ops build windows as reductions
+    OPS.register(OpDef(f"relax.nn.{_kind}_pool2d", OpPattern.OUT_EWISE_FUSABLE, symbol=POOLS[_kind],
+                       doc=f"2-d {_kind} pooling: TVM's legalization (tiling windows become reductions in sym)"))
+
 for _kind in ("sum", "max", "min", "prod"):
-    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind), gradient=REDUCE_GRADIENTS.get(_kind),
-                symbol=POOLS.get(_kind))
+    register_op(f"relax.{_kind}", OpPattern.COMM_REDUCE, _simple(_kind), gradient=REDUCE_GRADIENTS.get(_kind))
 
 
 def mean(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str) -> TensorValue:
@@ -140,7 +143,7 @@ def variance(node: OpNode, x: TensorValue, axes, keepdims: bool, out_dtype: str,
     return mean(node, sq, axes, keepdims, out_dtype)
 
 
-@register_op("relax.mean", OpPattern.COMM_REDUCE, gradient=_grad_mean, symbol=POOLS["avg"])
+@register_op("relax.mean", OpPattern.COMM_REDUCE, gradient=_grad_mean)
 def _mean(node: OpNode) -> TensorValue:
     """Arithmetic mean over the given axes."""
     x = node.args[0]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import tvm
 from tvm import relax
 
 from tvm_ext import lowering as lw
-from tvm_ext.gradient_rules import dtype_of, shape_of, sum_to_like
+from tvm_ext.gradient_rules import expr_dtype, shape_of, sum_to_like
 from tvm_ext.lowering import TensorValue, check_no_lowering
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, SymbolOp, register_op
@@ -41,19 +43,26 @@ def _grad_take(call, y, g, bb):
     if str(call.attrs.mode) == "clip":
         flat = relax.op.clip(flat, 0, n - 1)
     else:  # fast (negative indices count from the end) and wrap
-        flat = relax.op.floor_mod(flat, relax.const(n, dtype_of(indices)))
+        flat = relax.op.floor_mod(flat, relax.const(n, expr_dtype(indices)))
     grad = relax.op.reshape(g, shape[:axis] + (count,) + shape[axis + 1:])
     return [relax.op.grad.take_backward(grad, x, flat, axis), None]
 
 
-@register_op("relax.broadcast_to", OpPattern.BROADCAST,
+@register_op("relax.broadcast_to", OpPattern.BROADCAST, broadcast_view=True,
              gradient=lambda call, y, g, bb: [sum_to_like(g, call.args[0], bb), None])
 def _broadcast_to(node: OpNode) -> TensorValue:
     """Size-1 dims read index 0."""
     return lw.broadcast_to(node.args[0], node.out_shape)
 
 
-@register_op("relax.reshape", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
+def _unit_dims_only(call: relax.Call, var: relax.Var) -> bool:
+    """A reshape that only adds or drops unit dims: a broadcast view."""
+    src, dst = call.args[0].ty.shape.values, var.ty.shape.values
+    return [int(d) for d in src if int(d) != 1] == [int(d) for d in dst if int(d) != 1]
+
+
+@register_op("relax.reshape", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, broadcast_view=_unit_dims_only,
+             fold=lambda a, c: a.reshape([int(d) for d in c.args[1].values]))
 def _reshape(node: OpNode) -> TensorValue:
     """Row-major re-indexing (div/mod only when non-unit dims change)."""
     return lw.reshape(node.args[0], node.out_shape)
@@ -69,26 +78,30 @@ BATCH_FLATTEN = SymbolOp("flatten", _batch_flatten_emit, aliases=("Flatten",),
                          doc="Keep the first axis, flatten the rest (MXNet's Flatten).")
 
 
-@register_op("relax.flatten", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, symbol=BATCH_FLATTEN)
+@register_op("relax.flatten", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, symbol=BATCH_FLATTEN,
+             broadcast_view=_unit_dims_only)
 def _flatten(node: OpNode) -> TensorValue:
     """Reshape to one dimension."""
     return lw.reshape(node.args[0], node.out_shape)
 
 
-@register_op("relax.expand_dims", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
+@register_op("relax.expand_dims", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, broadcast_view=True,
+             fold=lambda a, c: np.expand_dims(a, tuple(int(x) for x in c.attrs.axis)))
 def _expand_dims(node: OpNode) -> TensorValue:
     """Insert unit dims."""
     return lw.expand_dims(node.args[0], [int(a) for a in node.attr("axis")])
 
 
-@register_op("relax.squeeze", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like)
+@register_op("relax.squeeze", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, broadcast_view=True,
+             fold=lambda a, c: np.squeeze(a, None if c.attrs.axis is None else tuple(int(x) for x in c.attrs.axis)))
 def _squeeze(node: OpNode) -> TensorValue:
     """Drop unit dims."""
     axis = node.attr("axis")
     return lw.squeeze(node.args[0], None if axis is None else [int(a) for a in axis])
 
 
-@register_op("relax.permute_dims", OpPattern.INJECTIVE, gradient=_grad_permute_dims)
+@register_op("relax.permute_dims", OpPattern.INJECTIVE, gradient=_grad_permute_dims,
+             fold=lambda a, c: np.transpose(a, None if c.attrs.axes is None else [int(x) for x in c.attrs.axes]))
 def _permute_dims(node: OpNode) -> TensorValue:
     """Transpose: output index d reads input index axes[d]."""
     axes = node.attr("axes")
@@ -101,7 +114,13 @@ def _grad_layout_transform(call, y, g, bb):
     return [relax.op.layout_transform(g, call.attrs.index_map.inverse(list(shape)))]
 
 
-@register_op("relax.layout_transform", OpPattern.INJECTIVE, gradient=_grad_layout_transform)
+def _fold_layout(array: np.ndarray, call: relax.Call) -> np.ndarray:
+    if call.attrs.pad_value is not None:
+        raise ValueError("a padded layout_transform stays in the graph")
+    return call.attrs.index_map.map_tensor(tvm.runtime.tensor(np.ascontiguousarray(array))).numpy()
+
+
+@register_op("relax.layout_transform", OpPattern.INJECTIVE, gradient=_grad_layout_transform, fold=_fold_layout)
 def _layout_transform(node: OpNode) -> TensorValue:
     """A bijective index map (NCHW <-> NCHW16c): each element reads its preimage."""
     check_no_lowering(node.attr("pad_value") is not None, "layout_transform with padding")

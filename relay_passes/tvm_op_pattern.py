@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from relay_passes.substitute import substitute
 from tvm_ext.patterns import OpPattern
 
 
@@ -25,8 +26,6 @@ def _cached(key, call: relax.Call) -> OpPattern:
 
 
 def _legalize_and_annotate(call: relax.Call) -> OpPattern:
-    from relay_passes.grouping import substitute
-
     free = relax.analysis.free_vars(call)
     params = [relax.Var(v.name, v.ty) for v in free]
     bb = relax.BlockBuilder()
