@@ -21,9 +21,9 @@ import tvm
 from tvm import s_tir
 
 from schedules.analysis import arithmetic_ops, block_infos
-from tvm_ext.machine import Machine
 from schedules.builder import ScheduleResult
 from schedules.policies import POLICIES
+from tvm_ext.machine import Machine
 
 _POLICY_NAMES = [p.name for p in POLICIES]
 _KNOBS = list(dict.fromkeys(k for p in reversed(POLICIES) for k in p.KNOBS))  # as the policies declare them,

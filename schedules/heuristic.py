@@ -13,10 +13,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from schedules.analysis import BlockInfo, block_infos
-from tvm_ext.machine import Machine
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, RegisterTiledAnchor,
                                 RowPerCore, SplitReduction, TransposeTile)
+from tvm_ext.machine import Machine
 
 
 def whole_kernel_policies(machine: Machine) -> list[Policy]:

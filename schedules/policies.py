@@ -18,8 +18,8 @@ import tvm
 from tvm import s_tir
 
 from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, vector_factor
-from tvm_ext.machine import Machine
 from schedules.builder import ScheduleBuilder
+from tvm_ext.machine import Machine
 
 
 #: What a policy's ``apply`` raises when it does not fit a schedule (the trial is dropped).

@@ -14,10 +14,10 @@ from typing import Iterator
 from tvm import tirx
 
 from schedules.analysis import BlockInfo, block_infos
-from tvm_ext.machine import Machine
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.heuristic import policies_for, schedule_kernel, whole_kernel_policies
 from schedules.policies import FAILURES, POLICIES, Policy
+from tvm_ext.machine import Machine
 
 Candidate = list  # [[label, knobs], ...]
 

@@ -22,9 +22,9 @@ from relay_passes.autofuse import AutoFuse, RollbackVerdict, StopRules
 from relay_passes.graph import DataflowGraph
 from relay_passes.grouping import outline_group
 from relay_passes.partition import Group
-from tvm_ext.machine import Machine
 from schedules.database import TuningDatabase, TuningRecord
 from tvm_ext.errors import CompileError
+from tvm_ext.machine import Machine
 
 _FUSED, _PARTS = {"rollback": "fused"}, {"rollback": "parts"}
 

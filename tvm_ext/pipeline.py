@@ -46,8 +46,8 @@ _VM_OPS = frozenset(["relax.null_value", "relax.shape_of", "relax.hint_on_device
                      "relax.tensor_to_shape", "relax.shape_to_tensor", "relax.print", "relax.assert_op",
                      "relax.reshape"])  # reshape: left by RewriteDataflowReshape, a zero-copy view
 
-FUSION_CHOICES = (*PARTITIONERS, "tvm")
-ROLLBACK_CHOICES = ("count", "measure")  # "tvm": TVM's FuseOps + FuseTIR, our schedules
+FUSION_CHOICES = (*PARTITIONERS, "tvm")  # "tvm": TVM's FuseOps + FuseTIR, our schedules
+ROLLBACK_CHOICES = ("count", "measure")  # the seed's count rule; AutoFuse's kernels timed against their parts
 
 
 @dataclass
