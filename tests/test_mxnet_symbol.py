@@ -5,18 +5,15 @@ Every graph-level test of apache/mxnet ``tests/python/unittest/test_symbol.py``,
 simple_bind or gradient execution), with ``mx.sym``/``mx.symbol`` -> ``sym``, ``mx.AttrScope``
 -> ``sym.AttrScope``, ``mx.name.NameManager`` -> ``sym.NameManager``, ``MXNetError`` ->
 ``CompileError`` (the base of this compiler's errors; ``NotImplementedForSymbol`` from
-``bool(symbol)`` -> ``TypeError``) and ``mx.base.mx_real_t`` -> ``np.float32``; MXNet's
+``bool(symbol)`` -> ``TypeError``) and ``mx.base.mx_real_t`` -> ``np.float32``, ``mx.symbol._internal.X`` -> ``sym.X``; MXNet's
 expected values are unchanged. Each test names the MXNet test it comes from. Where an MXNet
 test uses ``simple_bind`` only to run shape inference, the adaptation calls ``infer_shape``.
 
 Left out, with the reason:
 
-- test_infer_shape.py ``test_backward_infer``: needs ``mx.symbol._internal._identity_with_attr_like_rhs``,
-  an MXNet-internal op (identity whose shape is its rhs's) that the registry does not have.
-- test_infer_shape.py ``test_pick_partial_shape``: needs ``pick``, which the registry does not have.
 - the ``mx.np_shape(True)`` halves of ``test_shape_completely_unknown``, ``test_dot_partial_shape``,
-  ``test_batch_dot_partial_shape``, ``test_embedding_partial_shape``, ``test_transpose_partial_shape``,
-  ``test_where_partial_shape`` and ``test_load_save_symbol`` (flag1=True), and the ``as_np_ndarray()``
+  ``test_batch_dot_partial_shape``, ``test_embedding_partial_shape``, ``test_pick_partial_shape``,
+  ``test_transpose_partial_shape``, ``test_where_partial_shape`` and ``test_load_save_symbol`` (flag1=True), and the ``as_np_ndarray()``
   half of the second ``test_symbol_copy``: NumPy-shape semantics (-1 for unknown dims) and the
   ``mx.np`` front end are not part of this Symbol API, which keeps MXNet's legacy convention (0).
 - ``test_symbol_fluent``: the functions that have no op here (norm, rint, fix, degrees, radians,
@@ -509,6 +506,44 @@ def test_transpose_partial_shape():
     y = sym.transpose(x, axes=axes)
     _, result, _ = y.infer_shape_partial(x=(0, 3, 224, 224))
     assert result == [(0, 224, 224, 3)]
+
+
+# MXNet: test_infer_shape.py::test_backward_infer
+def test_backward_infer():
+    w = sym.Variable("weight")
+    wshift = sym.Variable("wshift", shape=(1,))
+    data = sym.Variable("data")
+    # broadcast add here, not being able to deduce shape correctly
+    wt = sym.broadcast_add(w, wshift)
+    # shape constraint, this is what enables backward shape inference
+    wt = sym._identity_with_attr_like_rhs(wt, w)
+    net = sym.FullyConnected(data=data, weight=wt, num_hidden=11, no_bias=True)
+    data_shape = (7, 100)
+    arg_shapes, out_shapes, aux_shapes = net.infer_shape(data=data_shape)
+    arg_shape_dict = dict(zip(net.list_arguments(), arg_shapes))
+    true_shapes = {'weight': (11, 100)}
+    for k, v in true_shapes.items():
+        assert arg_shape_dict[k] == v
+
+
+# MXNet: test_infer_shape.py::test_pick_partial_shape (the legacy half)
+def test_pick_partial_shape():
+    x = sym.Variable("x")
+    index = sym.Variable("index")
+    y = sym.pick(x, index, axis=1)
+    # batch size unknown
+    _, result, _ = y.infer_shape_partial(x=(0, 3, 3), index=(0, 3,))
+    assert result == [(0, 3)]
+
+
+def test_pick_computes_mxnets_pick():
+    # not from MXNet: the op the test above needs, compiled, against numpy (indices clipped as MXNet does)
+    import tvm_ext
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype("float32")
+    index = np.array([[0, 2, 1, 1], [5, -1, 1, 0]], dtype="float32")
+    y = sym.pick(sym.Variable("x"), sym.Variable("index"), axis=1)
+    want = np.take_along_axis(x, np.clip(index.astype(int), 0, 2)[:, None, :], 1)[:, 0, :]
+    np.testing.assert_array_equal(tvm_ext.compile(y, [x, index])(x, index), want)
 
 
 # MXNet: test_infer_shape.py::test_where_partial_shape (np_shape off)

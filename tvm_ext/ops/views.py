@@ -13,6 +13,7 @@ from tvm import relax
 
 from tvm_ext import lowering as lw
 from tvm_ext.gradient_rules import expr_dtype, shape_of, sum_to_like
+from tvm_ext.errors import InputError
 from tvm_ext.lowering import TensorValue, check_no_lowering
 from tvm_ext.patterns import OpPattern
 from tvm_ext.registry import OpNode, SymbolOp, register_op
@@ -61,8 +62,23 @@ def _unit_dims_only(call: relax.Call, var: relax.Var) -> bool:
     return [int(d) for d in src if int(d) != 1] == [int(d) for d in dst if int(d) != 1]
 
 
+def _like_rhs_shapes(inputs: list, out: tuple | None, attrs: dict) -> list:
+    """Both inputs and the output have one shape: each dim known in any of them (0 = unknown)."""
+    known = [s for s in [*inputs, out] if s is not None]
+    if not known or any(len(s) != len(known[0]) for s in known):
+        return inputs
+    merged = tuple(next((s[d] for s in known if s[d]), 0) for d in range(len(known[0])))
+    return [merged, merged]
+
+
+IDENTITY_LIKE_RHS = SymbolOp(
+    "_identity_with_attr_like_rhs", lambda bb, inputs, attrs, name: relax.op.reshape(inputs[0], inputs[1].ty.shape),
+    inputs=("lhs", "rhs"), input_shapes=_like_rhs_shapes,
+    doc="MXNet's internal shape constraint: lhs, whose shape is rhs's (lets inference fill either from the other).")
+
+
 @register_op("relax.reshape", OpPattern.INJECTIVE, view=True, gradient=_grad_reshape_like, broadcast_view=_unit_dims_only,
-             fold=lambda a, c: a.reshape([int(d) for d in c.args[1].values]))
+             fold=lambda a, c: a.reshape([int(d) for d in c.args[1].values]), symbols=(IDENTITY_LIKE_RHS,))
 def _reshape(node: OpNode) -> TensorValue:
     """Row-major re-indexing (div/mod only when non-unit dims change)."""
     return lw.reshape(node.args[0], node.out_shape)
@@ -212,7 +228,30 @@ EMBEDDING = SymbolOp("embedding", _embedding_emit, inputs=("data", "weight"), at
                          "out[..., :] = weight[data[...]].")
 
 
-@register_op("relax.take", OpPattern.INJECTIVE, gradient=_grad_take, symbol=EMBEDDING)
+def _pick_emit(bb, inputs, attrs, name):
+    """MXNet's pick: out[..] = data[.., index[..], ..] along ``axis``; indices out of range are
+    clipped (``mode="clip"``) or wrapped (``"wrap"``), as in MXNet."""
+    data, index = inputs
+    if not isinstance(data.ty, relax.TensorType) or data.ty.ndim < 1:
+        raise InputError(f"pick '{name}' needs data of known rank, got {data.ty}")
+    axis = int(attrs["axis"]) % data.ty.ndim
+    n = data.ty.shape.values[axis]
+    idx = bb.emit(relax.op.astype(index, "int64"), name + "_index")
+    if attrs["mode"] == "clip" and isinstance(n, tvm.tirx.IntImm):
+        idx = bb.emit(relax.op.clip(idx, relax.prim_value(0), relax.prim_value(int(n) - 1)), name + "_clip")
+    elif attrs["mode"] == "wrap":
+        idx = bb.emit(relax.op.floor_mod(idx, relax.const(n, "int64")), name + "_wrap")
+    elif attrs["mode"] != "clip":
+        raise InputError(f"pick '{name}': mode={attrs['mode']!r}; MXNet's modes are 'clip' and 'wrap'")
+    picked = bb.emit(relax.op.gather_elements(data, relax.op.expand_dims(idx, [axis]), axis), name + "_picked")
+    return picked if attrs["keepdims"] else relax.op.squeeze(picked, [axis])
+
+
+PICK = SymbolOp("pick", _pick_emit, inputs=("data", "index"), attrs={"axis": -1, "keepdims": False, "mode": "clip"},
+                doc="MXNet's pick: one element of data along axis for each index (a gather_elements).")
+
+
+@register_op("relax.take", OpPattern.INJECTIVE, gradient=_grad_take, symbol=EMBEDDING, symbols=(PICK,))
 def _take(node: OpNode) -> TensorValue:
     """Gather along an axis with indices loaded from a tensor (negative indices wrap)."""
     x, indices = node.args
