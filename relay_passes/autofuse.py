@@ -449,9 +449,13 @@ class _Lowering:
 
 
 def _group_of(graph: DataflowGraph, kernel: Kernel) -> Group:
-    """The kernel as the one group of a partition: its members, outputs, local stages, master."""
+    """The kernel as the one group of a partition (what the rollback judge times)."""
     part = make_partition(graph, [sorted(kernel.nodes)], [sorted(kernel.outputs)], keep_views=kernel.local)
-    group = part.groups[0]
+    return _finish_group(graph, part.groups[0], kernel)
+
+
+def _finish_group(graph: DataflowGraph, group: Group, kernel: Kernel) -> Group:
+    """A group made from ``kernel`` takes its local stages and its master."""
     group.local = sorted(kernel.local)
     anchors = [n for n in group.nodes if _is_anchor(graph[n])]
     group.master = anchors[0] if anchors else -1  # its epilogue runs on its output tiles
@@ -466,8 +470,7 @@ def _to_partition(plan: AutoFusePlan) -> Partition:
                           keep_views={n for k in kernels for n in k.local})  # a view the rules realized
     by_outputs = {tuple(sorted(k.outputs)): k for k in kernels}
     for group in part.groups:
-        made = _group_of(g, by_outputs[tuple(group.outputs)])
-        group.local, group.master = made.local, made.master
+        _finish_group(g, group, by_outputs[tuple(group.outputs)])
     part.decisions = list(plan.log) + [d for d in part.decisions if d.action == "view"]
     return part
 

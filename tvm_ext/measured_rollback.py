@@ -11,7 +11,6 @@ without measuring again.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from typing import Any, Callable
 
 import tvm
@@ -23,6 +22,7 @@ from relay_passes.graph import DataflowGraph
 from relay_passes.grouping import outline_group
 from relay_passes.partition import Group
 from schedules.database import TuningDatabase, TuningRecord
+from schedules.tasks import target_key
 from tvm_ext.errors import CompileError
 from tvm_ext.machine import Machine
 
@@ -45,11 +45,10 @@ class MeasuredRollback:
         self.machine = Machine.for_target(target)
         self.db = db
         self.measure = measure
-        self.rules = replace(rules or StopRules(), rollback_threshold=2)
+        self.rules = rules or StopRules()
         self.rounds = rounds
         self.min_repeat_ms = min_repeat_ms
         self.progress = progress
-        self.verdicts: list[tuple[str, RollbackVerdict | None]] = []  # (group key, verdict) as judged
 
     def __call__(self, graph: DataflowGraph, group: Group) -> RollbackVerdict | None:
         mod = standalone_module(graph, group)
@@ -57,14 +56,13 @@ class MeasuredRollback:
         verdict = self._recorded(key)
         if verdict is None and self.measure:
             verdict = self._measure(key, mod, graph, group)
-        self.verdicts.append((key, verdict))
         return verdict
 
     def _recorded(self, key: str) -> RollbackVerdict | None:
         if self.db is None:
             return None
         best = {}
-        for r in self.db.records(key, str(self.target)):
+        for r in self.db.records(key, target_key(self.target)):
             if r.ok and r.matches(self.machine):
                 side = r.candidate.get("rollback")
                 best[side] = min(best.get(side, float("inf")), r.median_ms)
@@ -87,15 +85,15 @@ class MeasuredRollback:
                 times[side].append(model.benchmark(*inputs, number=1, repeat=3,
                                                    min_repeat_ms=self.min_repeat_ms).median_ms)
         verdict = RollbackVerdict(statistics.median(times["fused"]), statistics.median(times["parts"]))
+        ops = [graph[n].name for n in group.nodes if graph[n].kind == "op"]
         if self.progress is not None:
-            ops = ", ".join(graph[n].name for n in group.nodes if graph[n].kind == "op")
-            self.progress(f"rollback: kernel of {ops}: fused {verdict.fused_ms:.3f} ms, apart "
+            self.progress(f"rollback: kernel of {', '.join(ops)}: fused {verdict.fused_ms:.3f} ms, apart "
                           f"{verdict.parts_ms:.3f} ms")
         if self.db is not None:
-            names = ",".join(graph[n].name for n in group.nodes if graph[n].kind == "op")
             for side, candidate in (("fused", _FUSED), ("parts", _PARTS)):
-                self.db.append(TuningRecord(key, str(self.target), dict(candidate), times[side], kernel=names,
-                                            cpu=self.machine.cpu, vector_bits=self.machine.vector_bits))
+                self.db.append(TuningRecord(key, target_key(self.target), dict(candidate), times[side],
+                                            kernel=",".join(ops), cpu=self.machine.cpu,
+                                            vector_bits=self.machine.vector_bits))
         return verdict
 
 

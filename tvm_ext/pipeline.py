@@ -82,16 +82,14 @@ class Pipeline:
             raise ValueError(f"rollback='measure' is AutoFuse's: it needs fusion='autofuse', not {self.fusion!r}")
         if isinstance(self.tuning_db, (str, os.PathLike)):
             self.tuning_db = TuningDatabase(self.tuning_db)
-        self.judge: MeasuredRollback | None = None  # the last measured rollback's judge (its verdicts)
 
     def _partitioner(self) -> Any:
         """The fusion strategy; AutoFuse with a rollback judge when measuring or when a
         tuning database may hold measured rollback decisions."""
         if self.fusion != "autofuse" or (self.rollback == "count" and self.tuning_db is None):
             return self.fusion
-        self.judge = MeasuredRollback(self.target, self._build_alone, self.tuning_db,
-                                      measure=self.rollback == "measure", progress=self.progress)
-        return AutoFuse(judge=self.judge)
+        return AutoFuse(judge=MeasuredRollback(self.target, self._build_alone, self.tuning_db,
+                                               measure=self.rollback == "measure", progress=self.progress))
 
     def _build_alone(self, mod: tvm.IRModule, fusion: Any) -> CompiledModel:
         """A part of the model (one group) compiled as this pipeline would, for the rollback judge;

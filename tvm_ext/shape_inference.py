@@ -382,8 +382,8 @@ def _set(table: dict[Key, Any], entry: NodeEntry, value: Any, node: Node | None,
         return True
     if old == value:
         return False
-    if kind == "shape" and _merge(old, value) is not None:  # partial shapes that agree: fill the unknown dims
-        merged = _merge(old, value)
+    merged = _merge(old, value) if kind == "shape" else None  # partial shapes that agree: fill the unknown dims
+    if merged is not None:
         table[key] = merged
         return merged != old
     error = ShapeError if kind == "shape" else DtypeError

@@ -67,8 +67,7 @@ def to_relax(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str,
     scopes = {b: {k: n.user_attrs[k] for k in fattrs.SCOPE_KEYS if k in n.user_attrs} for b, n in members.items()}
     scopes = {b: s for b, s in scopes.items() if s}
     deps = {n.name: [d.name for d in n.control_deps if not d.is_variable]  # the op's binding is its name
-            for n in {id(n): n for n in members.values()}.values() if n.control_deps}
-    deps = {b: d for b, d in deps.items() if d}
+            for n in types.nodes if any(not d.is_variable for d in n.control_deps)}
     for key, value in ((fattrs.CTX_GROUP, groups), (fattrs.SCOPES, scopes), (fattrs.CONTROL_DEPS, deps)):
         if value:
             func = func.with_attr(key, value)
