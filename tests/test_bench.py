@@ -31,11 +31,14 @@ def test_rounds_rotate_their_order_and_pairs_give_the_median_ratio(monkeypatch):
 
     monkeypatch.setattr(run, "_POOL_SETTLE_S", 0.0)
     order = []
-    calls = iter([4.0, 2.0, 9.0, 3.0, 6.0, 2.0])  # call, kernels per round: ratios 2, 3, 3
+    # call, kernels, kernels, call; then kernels, call, call, kernels...: ratios 2, 3, 3
+    calls = iter([4.0, 2.0, 2.0, 4.0, 3.0, 9.0, 9.0, 3.0, 6.0, 2.0, 2.0, 6.0])
 
     def timer(name, value=1.0):
         return lambda: (order.append(name), value)[1]
-    pair = run.paired(lambda: (order.append("ours"), next(calls))[1], lambda: next(calls))
+    pair = run.paired(lambda: (order.append("ours"), next(calls))[1],
+                      lambda: (order.append("kernels"), next(calls))[1])
     ms = run.interleaved_medians({"ours": pair, "a": timer("a"), "b": timer("b")}, repeat=3)
-    assert order == ["ours", "a", "b", "a", "b", "ours", "b", "ours", "a"]
+    abba, baab = ["ours", "kernels", "kernels", "ours"], ["kernels", "ours", "ours", "kernels"]
+    assert order == [*abba, "a", "b", "a", "b", *baab, "b", *abba, "a"]
     assert ms["ours"] == (6.0, 2.0, 3.0) and ms["a"] == 1.0

@@ -269,3 +269,28 @@ def test_a_torch_export_dim_runs_at_any_size_in_its_range_and_rejects_others(fus
         compiled.export(str(tmp_path / "m.so"))
         with pytest.raises(tvm_ext.InputError, match="outside the range"):
             tvm_ext.CompiledModel.load(str(tmp_path / "m.so"))(np.zeros((0, 16), np.float32))
+
+
+def test_arrays_the_direct_call_does_not_take_go_through_the_full_checks(model, xb):
+    x, b = xb
+    readonly = x.copy()
+    readonly.setflags(write=False)  # DLPack cannot export it: the full path copies it
+    odd = np.lib.stride_tricks.as_strided(b.reshape(1, -1), (1, SHAPE[1]), (999, 4))[0]  # contiguous, odd stride
+    s, _ = model(readonly, b)
+    np.testing.assert_allclose(s, _softmax(x + b), rtol=1e-5, atol=1e-7)
+    s, _ = model(x, np.ascontiguousarray(b)[None][0])
+    np.testing.assert_allclose(s, _softmax(x + b), rtol=1e-5, atol=1e-7)
+    s, _ = model(x, odd)
+    np.testing.assert_allclose(s, _softmax(x + b), rtol=1e-5, atol=1e-7)
+
+
+def test_a_threads_buffers_are_never_lent_to_another_thread(model, xb):
+    x, b = xb
+    first = model(x, b)[0].ctypes.data  # dropped at once: free again, but only for this thread
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(model(x * 2, b)[0].ctypes.data))
+    worker.start()
+    worker.join()
+    assert seen[0] != first
+    s, _ = model(x, b)
+    assert s.ctypes.data == first  # this thread's block came back to it

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import mmap
 import sys
-import threading
 
 import numpy as np
 
@@ -33,42 +32,47 @@ class HostBuffer:
         if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
             span = math.ceil(nbytes / HUGE_PAGE) * HUGE_PAGE
             mapping = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self._root = np.frombuffer(mapping, np.uint8)
-            start = -self._root.ctypes.data % HUGE_PAGE
+            self.root = np.frombuffer(mapping, np.uint8)
+            start = -self.root.ctypes.data % HUGE_PAGE
             try:
                 mapping.madvise(mmap.MADV_HUGEPAGE, start, span)
             except OSError:  # a kernel without THP: ordinary pages
                 pass
         else:
-            self._root = np.empty(max(nbytes, 1) + ALIGN, np.uint8)
-            start = -self._root.ctypes.data % ALIGN
-        self.data = self._root[start:start + nbytes]
+            self.root = np.empty(max(nbytes, 1) + ALIGN, np.uint8)
+            start = -self.root.ctypes.data % ALIGN
+        self.data = self.root[start:start + nbytes]
         self.data[::PAGE] = 0  # fault every page in now, not in the first call
         self._tensors: dict = {}  # (shape, dtype) -> (an array over the buffer, its TVM tensor), made once
-        self._idle_refs = sys.getrefcount(self._root)
+        # the root's reference count when nothing outside refers to it (every view's base is the root)
+        self.idle_refs = sys.getrefcount(self.root)
 
     def view(self, shape: tuple, dtype: str) -> np.ndarray:
         """The buffer as an array (its first ``prod(shape)`` elements)."""
         count = math.prod(shape)
         return self.data[:count * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
 
-    def lease(self, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
-        """A new array over the buffer (it marks the buffer used until dropped) and the TVM tensor
-        of that shape the kernels write through (made on first use and kept)."""
+    def template(self, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
+        """The block as an array of ``shape`` and the TVM tensor over it that the kernels write
+        through, both made on first use and kept (``template.view()`` lends it)."""
         key = (shape, dtype)
         if key not in self._tensors:
             import tvm_ffi
 
             template = self.view(shape, dtype)
             self._tensors[key] = (template, tvm_ffi.from_dlpack(template, require_alignment=ALIGN))
-            self._idle_refs += 1  # the template holds the root (the export holds the template)
-        template, tensor = self._tensors[key]
+            self.idle_refs += 1  # the template holds the root (the export holds the template)
+        return self._tensors[key]
+
+    def lease(self, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
+        """A new array over the buffer (it marks the buffer used until dropped) and its TVM tensor."""
+        template, tensor = self.template(shape, dtype)
         return template.view(), tensor
 
     @property
     def in_use(self) -> bool:
         """Whether any array, tensor or DLPack export made from this buffer is still alive."""
-        return sys.getrefcount(self._root) > self._idle_refs
+        return sys.getrefcount(self.root) > self.idle_refs
 
 
 def block_size(shape: tuple, dtype: str) -> int:
@@ -78,11 +82,15 @@ def block_size(shape: tuple, dtype: str) -> int:
 
 
 class BufferPool:
-    """Blocks by size; ``take`` gives an array on a block nothing refers to, or on a new one."""
+    """Blocks by size; ``take`` gives an array on a block nothing refers to, or on a new one.
+
+    A pool belongs to one thread (``CompiledModel`` keeps one per calling thread): a block found
+    free is leased by the same thread before anything else can see it, so no lock is needed,
+    and a thread may check the block it lent last without asking the pool.
+    """
 
     def __init__(self):
         self._blocks: dict[int, list[HostBuffer]] = {}
-        self._lock = threading.Lock()
 
     def take(self, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
         """An array on a free block, and the block's TVM tensor of that shape; the array marks
@@ -91,16 +99,17 @@ class BufferPool:
 
     def take_sized(self, size: int, shape: tuple, dtype: str) -> tuple[np.ndarray, object]:
         """``take`` with the block size (``block_size(shape, dtype)``) worked out beforehand."""
-        with self._lock:
-            blocks = self._blocks.get(size)
-            if blocks is None:
-                blocks = self._blocks[size] = []
-            for block in blocks:
-                if not block.in_use:
-                    return block.lease(shape, dtype)
-            block = HostBuffer(size)
-            blocks.append(block)
-            return block.lease(shape, dtype)
+        return self.take_block(size).lease(shape, dtype)
+
+    def take_block(self, size: int) -> HostBuffer:
+        """A block of ``size`` bytes nothing refers to, or a new one, to lease at once."""
+        blocks = self._blocks.setdefault(size, [])
+        for block in blocks:
+            if not block.in_use:
+                return block
+        block = HostBuffer(size)
+        blocks.append(block)
+        return block
 
     @property
     def blocks(self) -> int:
