@@ -164,6 +164,7 @@ def test_each_form_compiles_to_full_width_vector_code(form, mcpu):
     calls = re.findall(r"call\s+\S+", asm)
     assert not [c for c in calls if any(re.search(rf"\b{f}\b", c) for f in _LIBM)], calls
     assert "gather" not in asm
+    assert "ucomiss" not in asm, "a scalar compare: the loop was not vectorized (TVM scalarizes tirx.isnan)"
     width = _REGISTERS[machine.vector_bytes]
     assert re.search(rf"v\w+ps\s.*%{width}\d", asm), f"no packed {width} arithmetic for {mcpu}"
     wider = [w for b, w in _REGISTERS.items() if b > machine.vector_bytes]
@@ -177,3 +178,36 @@ def test_each_form_compiles_to_full_width_vector_code(form, mcpu):
         ref = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
                "erf": np.vectorize(math.erf)}[form]
         np.testing.assert_allclose(out.numpy(), ref(v.astype("float64")), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mcpu", ["host", "znver3", "x86-64"])
+@pytest.mark.parametrize("op", ["maximum", "minimum", "isnan", "isinf", "isfinite"])
+def test_nan_aware_comparisons_vectorize(op, mcpu):
+    """maximum and minimum propagate NaN and the float classes test bits: no scalar compare
+    and branch an element (TVM's vectorizer gives up on tirx.isnan), and right on NaN/inf."""
+    from schedules.heuristic import schedule_kernel
+    from tvm_ext.loop_ir import SCALAR_OPS
+    from tvm_ext.machine import Machine
+    from tvm_ext.target import cpu_target, host_target
+
+    target = host_target() if mcpu == "host" else cpu_target(mcpu, cores=2)
+    n = 4096
+    x, z = te.placeholder((n,), "float32", name="x"), te.placeholder((n,), "float32", name="z")
+    fn = SCALAR_OPS[op].te_fn
+    boolean = SCALAR_OPS[op].boolean
+    y = te.compute((n,), lambda i: tvm.tirx.Cast("float32", fn(x[i])) if boolean else fn(x[i], z[i]), name="y")
+    func = schedule_kernel(te.create_prim_func([x, z, y]), Machine.for_target(target)).func
+    lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=target)
+    assert "ucomiss" not in lib.inspect_source("asm")
+    if mcpu == "host":
+        import torch
+
+        special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -2.0, 1e-40], np.float32)
+        a = np.resize(special, n)
+        b = np.resize(np.roll(special, 3), n)
+        out = tvm.runtime.empty((n,), "float32")
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+        ref = {"maximum": lambda: torch.maximum(torch.from_numpy(a), torch.from_numpy(b)).numpy(),
+               "minimum": lambda: torch.minimum(torch.from_numpy(a), torch.from_numpy(b)).numpy(),
+               "isnan": lambda: np.isnan(a), "isinf": lambda: np.isinf(a), "isfinite": lambda: np.isfinite(a)}[op]()
+        np.testing.assert_array_equal(out.numpy(), ref.astype("float32"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from tvm_ext import float_class
+
 PrimExpr = tirx.Expr
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] with ln 2 split
@@ -135,7 +137,7 @@ def log(x: PrimExpr, let: bool = False) -> PrimExpr:
     out = tirx.Select(x == _f(0.0), _f(float("-inf")), out)
     out = tirx.Select(x < _f(0.0), _f(float("nan")), out)
     out = tirx.Select(x == _f(float("inf")), x, out)  # -inf is negative: NaN, as above
-    return lets.wrap(tirx.Select(tirx.isnan(x), x, out))
+    return lets.wrap(tirx.Select(float_class.isnan(x), x, out))
 
 
 # tanh: an odd polynomial below 0.625 (Cephes tanhf), 1 - 2 / (exp(2|x|) + 1) above.
@@ -181,4 +183,4 @@ def erf(x: PrimExpr, let: bool = False) -> PrimExpr:
     large = tirx.Select(ax > _f(3.92), _f(1.0), large)
     large = tirx.Select(x < _f(0.0), -large, large)
     out = tirx.Select(ax < _f(1.0), small, large)
-    return lets.wrap(tirx.Select(tirx.isnan(x), x, out))
+    return lets.wrap(tirx.Select(float_class.isnan(x), x, out))

@@ -27,7 +27,7 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from tvm_ext import fast_math
+from tvm_ext import fast_math, float_class
 
 PrimExpr = tirx.Expr
 Index = Union[PrimExpr, "LoopExpr"]  # a LoopExpr index is a data-dependent (gather) index
@@ -435,14 +435,14 @@ def _maximum(a, b):
     x86's maxps, returns the other operand for one of them)."""
     if not is_float(dtype_of(a)):
         return tirx.Max(a, b)
-    return tirx.Select(tirx.isnan(a), a, tirx.Select(a > b, a, b))  # b NaN: a > b fails: b
+    return tirx.Select(float_class.isnan(a), a, tirx.Select(a > b, a, b))  # b NaN: a > b fails: b
 
 
 @_binds_lets
 def _minimum(a, b):
     if not is_float(dtype_of(a)):
         return tirx.Min(a, b)
-    return tirx.Select(tirx.isnan(a), a, tirx.Select(a < b, a, b))
+    return tirx.Select(float_class.isnan(a), a, tirx.Select(a < b, a, b))
 
 
 @_binds_lets
@@ -518,9 +518,9 @@ _SCALAR_OP_LIST = [
     ScalarOp("ceil", 1, te.ceil, float_only=True),
     ScalarOp("round", 1, te.round, float_only=True),
     ScalarOp("trunc", 1, te.trunc, float_only=True),
-    ScalarOp("isnan", 1, te.isnan, boolean=True),
-    ScalarOp("isinf", 1, te.isinf, boolean=True),
-    ScalarOp("isfinite", 1, te.isfinite, boolean=True),
+    ScalarOp("isnan", 1, float_class.isnan, boolean=True),
+    ScalarOp("isinf", 1, float_class.isinf, boolean=True),
+    ScalarOp("isfinite", 1, float_class.isfinite, boolean=True),
 ]
 SCALAR_OPS: dict[str, ScalarOp] = {op.name: op for op in _SCALAR_OP_LIST}
 
@@ -592,7 +592,6 @@ def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
     return _translate_cse(expr, exact_math)
 
 
-_ANALYZER = tvm.sym.Analyzer()
 
 
 def _is_load(expr) -> bool:
@@ -617,6 +616,9 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
     shared = {key for key, count in parents.items() if count > 1 and key not in guarded}
     memo: dict[int, PrimExpr] = {}
     lets: list[tuple] = []
+    # one analyzer a kernel: a long-lived one kept what it learnt of earlier kernels' reads and
+    # then failed to hash a TE read (PlaceholderOp) in a float class's integer comparison
+    analyzer = tvm.sym.Analyzer()
 
     def tr(node: LoopExpr) -> PrimExpr:
         key = id(node)
@@ -628,7 +630,7 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)) and node.dtype != "bool":
             if count_nodes(node) <= 16:  # a value TVM simplifies to a load stays inline: a Let of
                 # max(a, a) bound to a, then x = a - cse, made TVM's analyzer bind x twice and fail
-                simple = _ANALYZER.simplify(out)
+                simple = analyzer.simplify(out)
                 if isinstance(simple, (tirx.Var, tirx.IntImm, tirx.FloatImm)) or _is_load(simple):
                     memo[key] = simple
                     return simple
