@@ -33,6 +33,8 @@ class BlockInfo:
     period: int = 0  # an anchor reading an operand packed in panels of this many columns
     uniform: bool = False  # every read is one element at the block's own index: merging its
     # axes into one keeps every load contiguous (no div/mod of a broadcast index)
+    flat_reduce: bool = False  # two or more reduce axes that every read walks as one contiguous
+    # run (a group norm's channels x height x width): merged, they make one vectorizable row
 
     @property
     def size(self) -> int:
@@ -62,8 +64,37 @@ def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
         reduce = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == REDUCE)
         bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
         kind, period = _kind(block)
-        out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period, _uniform(block, ivars)))
+        out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period, _uniform(block, ivars),
+                             _flat_reduce(block, ivars)))
     return out
+
+
+def _flat_reduce(block, ivars) -> bool:
+    """Whether every read that depends on the block's reduce axes walks them, in their order,
+    as one contiguous run: its row-major flat index is linear in them with coefficients
+    (..., size2 * size3, size3, 1), so the axes merged into one are read at unit stride."""
+    reduce = [iv for iv in ivars if int(iv.iter_type) == REDUCE]
+    if len(reduce) < 2:
+        return False
+    sizes = [int(iv.dom.extent) for iv in reduce]
+    want = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    reduce_vars = [iv.var for iv in reduce]
+    used = 0
+    for region in block.reads:
+        mins = [r.min for r in region.region]
+        if not any(set(tirx.analysis.undefined_vars(e, [])) & set(reduce_vars) for e in mins):
+            continue
+        if not all(isinstance(d, tirx.IntImm) for d in region.source.shape):
+            return False
+        flat = tirx.const(0, str(reduce_vars[0].ty))
+        for index, dim in zip(mins, region.source.shape):
+            flat = flat * int(dim) + index
+        coeffs = tvm.sym.detect_linear_equation(flat, reduce_vars)
+        if len(coeffs) != len(reduce_vars) + 1 or not all(
+                isinstance(c, tirx.IntImm) and int(c) == w for c, w in zip(coeffs, want)):
+            return False
+        used += 1
+    return used > 0
 
 
 def _kind(block) -> tuple[str, int]:

@@ -431,3 +431,28 @@ def test_each_policy_declares_its_knobs_once_and_the_features_read_the_declarati
             assert set(space) == set(cls.KNOBS), cls.name
             assert set(policy.default(info)) == set(cls.KNOBS), cls.name
     assert set(_KNOBS) == {k for cls in POLICIES for k in cls.KNOBS} and len(_KNOBS) == len(set(_KNOBS))
+
+
+def _group_sum(n, groups, per, h, w, swap=False):
+    """Sums over each group of ``per`` channels x h x w of an NCHW tensor (swap: w before h)."""
+    A = te.placeholder((n, groups * per, h, w), "float32", name="A")
+    kc, kh, kw = te.reduce_axis((0, per), "kc"), te.reduce_axis((0, h), "kh"), te.reduce_axis((0, w), "kw")
+    axes = [kc, kw, kh] if swap else [kc, kh, kw]
+    return te.create_prim_func([A, te.compute((n, groups), lambda i, g: te.sum(
+        A[i, g * per + kc, kh, kw], axis=axes), name="S")])
+
+
+def test_reduce_axes_read_as_one_contiguous_run_merge_into_one_vectorized_row():
+    # a group norm's statistics: 6 channels x 30 x 30 per group are 5400 floats in a row; 30
+    # alone takes no vector, the merged row takes 8 lanes (5400 = 675 x 8)
+    (info,) = block_infos(tvm.s_tir.Schedule(_group_sum(4, 8, 6, 30, 30)))
+    assert info.flat_reduce and info.kind == "row_reduce"
+    result = schedule_kernel(_group_sum(4, 8, 6, 30, 30), MACHINE)
+    assert result.choices[0][0].startswith("row_per_core") and result.choices[0][1]["vector"] == 8
+    assert "T.vectorized(8)" in result.script()
+    x = np.random.default_rng(0).standard_normal((4, 48, 30, 30)).astype("float32")
+    (got,) = _run(result.func, [x], [(4, 8)])
+    np.testing.assert_allclose(got, x.reshape(4, 8, -1).sum(-1), rtol=1e-5, atol=1e-4)
+    # reduce axes in another order than memory's are not one run: they stay as they are
+    (swapped,) = block_infos(tvm.s_tir.Schedule(_group_sum(4, 8, 6, 30, 30, swap=True)))
+    assert not swapped.flat_reduce
