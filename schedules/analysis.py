@@ -35,6 +35,12 @@ class BlockInfo:
     # axes into one keeps every load contiguous (no div/mod of a broadcast index)
     flat_reduce: bool = False  # two or more reduce axes that every read walks as one contiguous
     # run (a group norm's channels x height x width): merged, they make one vectorizable row
+    read_axis: tuple[int, int] = (-1, 0)  # a transpose's spatial axis (index into ``spatial``)
+    # along which a read is contiguous, and its period p when the read walks it as ``a % p``
+    # (a blocked layout's channel block); (-1, 0) if none
+    reuse_axis: int = -1  # an anchor's outer spatial axis (index into ``spatial``) that only the
+    # operands read along the vector axis depend on (a blocked conv's output-channel blocks):
+    # steps of it in the register tile share every load of the other operand
 
     @property
     def size(self) -> int:
@@ -65,8 +71,47 @@ def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
         bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
         kind, period = _kind(block)
         out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period, _uniform(block, ivars),
-                             _flat_reduce(block, ivars)))
+                             _flat_reduce(block, ivars), _read_axis(block) if kind == "transpose" else (-1, 0),
+                             _reuse_axis(block, ivars) if kind == "anchor" else -1))
     return out
+
+
+def _read_axis(block) -> tuple[int, int]:
+    """For a transpose: the first spatial axis but the last along which some read's last index
+    steps by one (period 0) or runs as ``axis % p`` (period p); (-1, 0) if none."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
+    for e in _last_read_indices(block):
+        for index, var in enumerate(spatial[:-1]):
+            if _unit_stride(e, var):
+                return index, 0
+            if _period(e, var) >= 4:
+                return index, _period(e, var)
+    return -1, 0
+
+
+def _reuse_axis(block, ivars) -> int:
+    """For an anchor: the outermost of its spatial axes before the last two that the reads
+    along the last axis (the vector operand, a weight) use and the other reads (the operand
+    broadcast into the vector) do not; -1 if none. The block's own output is not a read."""
+    spatial = [iv.var for iv in ivars if int(iv.iter_type) == SPATIAL]
+    if len(spatial) < 3:
+        return -1
+    uses = []
+    for region in block.reads:
+        if any(region.source.same_as(w.source) for w in block.writes):
+            continue
+        used = set()
+        for r in region.region:
+            used |= set(tirx.analysis.undefined_vars(r.min, []))
+        uses.append(used)
+    along = [u for u in uses if spatial[-1] in u]
+    across = [u for u in uses if spatial[-1] not in u]
+    if not along or not across:
+        return -1
+    for index, var in enumerate(spatial[:-2]):
+        if any(var in u for u in along) and not any(var in u for u in across):
+            return index
+    return -1
 
 
 def _flat_reduce(block, ivars) -> bool:

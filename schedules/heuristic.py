@@ -14,8 +14,8 @@ from tvm import s_tir, tirx
 
 from schedules.analysis import BlockInfo, block_infos
 from schedules.builder import ScheduleBuilder, ScheduleResult
-from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, RegisterTiledAnchor,
-                                RowPerCore, SplitReduction, TransposeTile)
+from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, ReadTile,
+                                RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
 from tvm_ext.machine import Machine
 
 
@@ -33,7 +33,7 @@ def policies_for(info: BlockInfo, machine: Machine) -> list[Policy]:
     elif info.kind == "reduce":
         order = [SplitReduction]
     elif info.kind == "transpose":
-        order = [TransposeTile, Keep2D, MergeAllBlockVectorize]
+        order = [ReadTile, TransposeTile, Keep2D, MergeAllBlockVectorize]
     elif info.uniform and info.spatial[-1] % info.lanes(machine) and info.size % info.lanes(machine) == 0:
         # the last axis takes no full vector (3x500x700: 4 lanes of 16) but the whole block
         # does, and merged axes cost no div/mod in any load (Mish kernels: 7.7 -> 5.8 ms)

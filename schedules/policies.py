@@ -186,6 +186,52 @@ class TransposeTile(Policy):
         return [info.name]
 
 
+class ReadTile(Policy):
+    """A transpose whose reads are contiguous along another output axis than the last (a
+    blocked layout's channels, read back into NCHW): vectorize that axis, so every load is a
+    whole vector, and unroll a tile of the last axis; each lane is stored on its own. On a
+    Zen 5, NCHW16c -> NCHW with BN and ReLU at 32x56x56: 5 us, against 29 us for the tile
+    that vectorizes the written axis and gathers its reads."""
+
+    name = "read_tile"
+    KNOBS = ("vector", "tile")
+
+    def applies(self, info, builder):
+        return info.kind == "transpose" and info.read_axis[0] >= 0 and len(info.spatial) >= 2
+
+    def space(self, info):
+        axis, period = info.read_axis
+        run = period or info.spatial[axis]
+        lanes = info.lanes(self.machine)
+        vectors = [v for v in (lanes, lanes // 2, 4) if v >= 4 and run % v == 0 and info.spatial[axis] % v == 0]
+        last = info.spatial[-1]
+        return {"vector": vectors or [0], "tile": [t for t in (8, 4, 16) if last % t == 0 and last > t] or [0]}
+
+    def apply(self, builder, info, knobs):
+        v = knobs["vector"]
+        if not v:
+            raise ValueError("no vector divides the contiguous run")
+        impl = builder.impl(info.name)
+        names = impl.names
+        _, at = impl.tile_split(names[info.read_axis[0]], v)
+        inner = [at]
+        if knobs["tile"]:
+            _, lt = impl.tile_split(names[-1], knobs["tile"])
+            inner = [lt, at]
+        outer = [n for n in impl.names if n not in inner]
+        impl.reorder(*outer, *inner)
+        impl.mark_vectorized(at)
+        if len(inner) == 2:
+            impl.mark_unrolled(inner[0])
+        lead = []
+        for n in outer:  # the axes before the first one a split moved can merge and run on the cores
+            if impl[n].reordered:
+                break
+            lead.append(n)
+        self.parallel_outer(builder, info.name, lead, info.size)
+        return [info.name]
+
+
 # ---------------------------------------------------------------------- reductions
 class RowPerCore(Policy):
     """Rows across the cores; each row keeps a vector of partial sums (rfactor on a vector-
@@ -291,7 +337,7 @@ class RegisterTiledAnchor(Policy):
     that the rows of A one k chunk reads stay in L2 across the j tiles."""
 
     name = "register_tile"
-    KNOBS = ("tile_i", "tile_j", "k_unroll", "epilogue", "k_block", "i_block")
+    KNOBS = ("tile_i", "tile_j", "k_unroll", "epilogue", "k_block", "i_block", "tile_b")
 
     def applies(self, info, builder):
         return info.kind == "anchor"
@@ -308,8 +354,12 @@ class RegisterTiledAnchor(Policy):
         nk = info.reduce[-1]
         k_blocks = [0] + [b for b in (256, 128, 512) if nk % b == 0 and nk > b]
         i_blocks = [0] + [b for b in (256, 128) if ni > b * self.machine.cores]
+        tiles_b = [1]
+        if info.reuse_axis >= 0:
+            nb = info.spatial[info.reuse_axis]
+            tiles_b += [b for b in (2, 4) if nb % b == 0]
         return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False],
-                "k_block": k_blocks, "i_block": i_blocks}
+                "k_block": k_blocks, "i_block": i_blocks, "tile_b": tiles_b}
 
     def default(self, info, fuse_epilogue=True):
         space = self.space(info)
@@ -320,6 +370,14 @@ class RegisterTiledAnchor(Policy):
         # at 1024: 111 GFLOP/s, against 69 for 4 rows)
         want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
         knobs["tile_i"] = min(space["tile_i"], key=lambda t: (abs(t - want), -t))
+        # steps of the reuse axis (a blocked conv's output-channel blocks) join the tile while
+        # the accumulators, the vector operand's loads and a broadcast fit in the registers:
+        # a 3x3 conv 32->32 at 56x56 on a Zen 5, 8 x 16 -> 2 x 8 x 16: 358 -> 453 GFLOP/s
+        lanes = info.lanes(self.machine)
+        vectors_j = max(1, knobs["tile_j"] // lanes)
+        fits = [b for b in space["tile_b"]
+                if b * vectors_j * (knobs["tile_i"] + 1) + 1 <= self.machine.vector_registers]
+        knobs["tile_b"] = max(fits, default=1)
         # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
         # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166
         panel = info.reduce[-1] * knobs["tile_j"] * info.dtype_bits // 8
@@ -339,6 +397,13 @@ class RegisterTiledAnchor(Policy):
         impl = builder.impl(name)
         spatial = [a.name for a in impl.axis if not a.reduce]
         reduce = [a.name for a in impl.axis if a.reduce]
+        b_inner = []
+        if knobs.get("tile_b", 1) > 1:  # the reuse axis goes last of the batch axes, split; its
+            reuse = spatial[info.reuse_axis]  # inner part joins the register tile
+            impl.reorder(*[a for a in spatial[:-2] if a != reuse], reuse)
+            _, reuse_t = impl.tile_split(reuse, knobs["tile_b"])
+            b_inner = [reuse_t]
+            spatial = [a.name for a in impl.axis if not a.reduce and a.name != reuse_t]
         # the cores: a block split of the batch axes (merged) if they are enough, else of i
         batch, i_axis = spatial[:-2], (spatial[-2] if len(spatial) >= 2 else None)
         par = impl.merge_all(batch) if batch else None
@@ -367,6 +432,7 @@ class RegisterTiledAnchor(Policy):
                 i_outer, inner = [iT], [it, jt]
             else:
                 i_outer = [i_axis]
+        inner = b_inner + inner
         k_chunks = []
         k_block = knobs.get("k_block", 0)
         if k_block and impl[reduce[-1]].size > k_block and impl[reduce[-1]].size % k_block == 0:
@@ -402,8 +468,8 @@ class RegisterTiledAnchor(Policy):
             builder.groups[tail].role = "epilogue on the tile" if epilogue is not None else "write-back of the tile"
             placed.append(tail)
         impl.mark_vectorized(jt)
-        if len(inner) == 2:
-            impl.mark_unrolled(inner[0])
+        for unrolled in inner[:-1]:
+            impl.mark_unrolled(unrolled)
         for kt in k_inner:
             impl.mark_unrolled(kt)
         if blocked is not None:
@@ -571,5 +637,5 @@ class PersistentRows(Policy):
             return
 
 
-POLICIES = (PersistentRows, RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile, Keep2D,
+POLICIES = (PersistentRows, RegisterTiledAnchor, RowPerCore, SplitReduction, ReadTile, TransposeTile, Keep2D,
             MergeAllBlockVectorize, ParallelOnly)

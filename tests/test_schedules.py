@@ -10,7 +10,7 @@ from tvm import relax, te
 import tvm_ext
 from conftest import build_module
 from schedules import AxisRuleError, AxisType, ImplGraph, Machine, ScheduleBuilder, block_infos, schedule_kernel
-from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows,
+from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
 
 R = relax.op
@@ -137,6 +137,23 @@ def _softmax(rows, cols):
     return _row_kernel(lambda x: R.nn.softmax(x, axis=-1), rows, cols)
 
 
+def _unblock(blocks, block, h, w):
+    """NCHW[block]c -> NCHW, times 2: a transpose whose reads run along the channels."""
+    A = te.placeholder((1, blocks, h, w, block), "float32", name="A")
+    return te.create_prim_func([A, te.compute((1, blocks * block, h, w), lambda n, c, y, x: A[
+        n, c // block, y, x, c % block] * 2.0, name="B")])
+
+
+def _blocked_conv(blocks, h, w, block=16, k=3):
+    """A 3x3 convolution in NCHW[block]c x OIHW[block]i[block]o, padded input given."""
+    X = te.placeholder((1, blocks, h + k - 1, w + k - 1, block), "float32", name="X")
+    W = te.placeholder((blocks, blocks, k, k, block, block), "float32", name="W")
+    ic, kh, kw, ib = (te.reduce_axis((0, blocks), "ic"), te.reduce_axis((0, k), "kh"), te.reduce_axis((0, k), "kw"),
+                      te.reduce_axis((0, block), "ib"))
+    return te.create_prim_func([X, W, te.compute((1, blocks, h, w, block), lambda n, oc, y, x, ob: te.sum(
+        X[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")])
+
+
 def _run(func, inputs, out_shapes):
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tvm_ext.host_target())
     args = [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.empty(s, "float32") for s in out_shapes]
@@ -150,6 +167,9 @@ POLICY_CASES = [
     (Keep2D, 0, lambda: _pointwise((7, 3, 1000))),
     (Keep2D, 0, lambda: _pointwise((129, 48))),
     (TransposeTile, 0, lambda: _transpose(96, 64)),
+    (ReadTile, 0, lambda: _transpose(96, 64)),
+    (ReadTile, 0, lambda: _unblock(3, 16, 6, 24)),
+    (RegisterTiledAnchor, 0, lambda: _blocked_conv(4, 10, 12)),
     (RowPerCore, 0, lambda: _row_sum(37, 1000)),
     (RowPerCore, 0, lambda: _row_sum(5000, 64)),
     (SplitReduction, 0, lambda: _row_sum(1, 40000)),
@@ -294,7 +314,7 @@ def test_register_tile_i_block_keeps_a_block_of_rows_across_the_j_tiles():
 
 def test_policies_are_listed():
     assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
-                                          "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
+                                          "read_tile", "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
 
 
 # --------------------------------------------------------------------------- the heuristic
@@ -305,11 +325,22 @@ def _choices(func):
 def test_heuristic_picks_by_kind_and_shape():
     assert _choices(_pointwise((256, 1024))) == ["keep_2d"]
     assert _choices(_pointwise((4096, 3))) == ["merge_all"]
-    assert _choices(_transpose(256, 256)) == ["transpose_tile"]
+    assert _choices(_transpose(256, 256)) == ["read_tile"]
     assert _choices(_row_sum(128, 1024)) == ["row_per_core"]
     assert _choices(_row_sum(1, 1 << 16)) == ["split_reduction"]
     assert _choices(_matmul(128, 64, 96)) == ["register_tile"]
     assert _choices(_softmax(64, 512)) == ["persistent_rows"]
+    assert _choices(_unblock(2, 16, 8, 24)) == ["read_tile"]
+
+
+@pytest.mark.parametrize("vector_bytes, tile_b", [(64, 2), (32, 1)])
+def test_a_blocked_convs_tile_takes_output_channel_blocks_while_the_registers_hold_them(vector_bytes, tile_b):
+    # two 16-channel output blocks of 8 columns: 16 zmm accumulators, 2 weight vectors and a
+    # broadcast of the 32 AVX-512 registers; with AVX2's 16 a second block would spill
+    info = block_infos(ScheduleBuilder(_blocked_conv(4, 10, 16)).sch)[0]
+    assert info.kind == "anchor" and info.reuse_axis == 1  # the output-channel blocks: only W reads them
+    (choice,) = schedule_kernel(_blocked_conv(4, 10, 16), Machine(cores=2, vector_bytes=vector_bytes)).choices
+    assert choice[1]["tile_b"] == tile_b
 
 
 def test_anchor_result_describes_its_groups():

@@ -44,6 +44,11 @@ class Machine:
     def vector_bits(self) -> int:
         return self.vector_bytes * 8
 
+    @property
+    def vector_registers(self) -> int:
+        """Architectural vector registers: 32 with AVX-512 (zmm0-31), 16 with AVX2 or SSE."""
+        return 32 if self.vector_bytes >= 64 else 16
+
 
 def is_host(target: tvm.target.Target) -> bool:
     """Whether ``target`` is an LLVM target for exactly this host's CPU."""
