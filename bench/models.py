@@ -94,33 +94,32 @@ class BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
 
 
-class Mish(nn.Module):
-    """x * tanh(softplus(x)): three nested transcendentals (a compile-time test as much as a kernel)."""
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand + BN + ReLU6, 3x3 depthwise (stride 1 or 2) + BN + ReLU6,
+    1x1 project + BN, + identity where the shapes allow (stride 1, as many channels out as in)."""
 
-    def forward(self, x):
-        return x * torch.tanh(nn.functional.softplus(x))
-
-
-class GroupNormSiLU(nn.Module):
-    """GroupNorm then SiLU, as in diffusion U-Nets: statistics over channel groups and space."""
-
-    def __init__(self, groups, channels):
+    def __init__(self, channels, out=None, stride=1, expand=6):
         super().__init__()
-        self.norm = nn.GroupNorm(groups, channels)
+        hidden, out = channels * expand, out or channels
+        self.residual = stride == 1 and out == channels
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, out, 1, bias=False), nn.BatchNorm2d(out))
 
     def forward(self, x):
-        return nn.functional.silu(self.norm(x))
+        return x + self.body(x) if self.residual else self.body(x)
 
 
-class MatMul(nn.Module):
-    """x @ W for a square weight: fp32 GEMM, compared with torch.mm (oneDNN/MKL)."""
-
-    def __init__(self, n):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
-
-    def forward(self, x):
-        return torch.mm(x, self.weight)
+def _eval_stats(module: nn.Module) -> nn.Module:
+    """BatchNorm with statistics other than the initial 0/1, as a trained model has them."""
+    gen = torch.Generator().manual_seed(0)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(0.1 * torch.randn(m.num_features, generator=gen))
+            m.running_var.copy_(1 + 0.1 * torch.rand(m.num_features, generator=gen))
+    return module
 
 
 @dataclass
@@ -150,6 +149,10 @@ def workloads(quick: bool) -> dict[str, Workload]:
         "mlp": Workload(lambda: (MLP(512, 1024, 256), torch.randn(256 // s, 512)), False),
         "conv_bn_relu": Workload(lambda: (ConvBNReLU(32, 32), torch.randn(1, 32, 56 // s, 56 // s)), False),
         "resnet_basic_block": Workload(lambda: (BasicBlock(32), torch.randn(1, 32, 56 // s, 56 // s)), False),
+        "inverted_residual": Workload(lambda: (_eval_stats(InvertedResidual(32)), torch.randn(1, 32, 28 // s, 28 // s)),
+                                      False),
+        "inverted_residual_s2": Workload(lambda: (_eval_stats(InvertedResidual(32, 64, stride=2)),
+                                                  torch.randn(1, 32, 56 // s, 56 // s)), False),
         "transformer_encoder_layer": Workload(lambda: (
             nn.TransformerEncoderLayer(256 // s, 4, 1024 // s, dropout=0.0, batch_first=True),
             torch.randn(4, 128 // s, 256 // s)), False),

@@ -13,9 +13,13 @@ elementwise ops between convolutions in the blocked layout too: activations stay
 from one convolution to the next, and the only ``layout_transform``s left are at the
 graph's edges and around ops that need NCHW. Constant weights are transformed once, at
 compile time (FoldWeightLayout folds the ``layout_transform`` of a constant). A convolution
-whose channels are not multiples of ``b``, or a depthwise one, stays NCHW (ConvertLayout
-skips it); grouped convolutions run blocked when their groups are whole blocks, and a graph
-with one whose groups are not stays NCHW throughout.
+whose channels are not multiples of ``b`` stays NCHW; grouped convolutions run blocked when
+their groups are whole blocks, and a graph with one whose groups are not stays NCHW
+throughout. ConvertLayout leaves depthwise convolutions in NCHW, where a stride makes every
+vector load a gather; this pass then blocks them itself (``NCHW[b]c x OIHW1i[b]o``, a vector
+of ``b`` channels per load whatever the stride) between layout transforms, which fusion
+turns into index maps that cancel (MobileNetV2's stride-2 block: its depthwise kernel 1.02
+ms NCHW, see ``bench/run.py``'s inverted_residual_s2).
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ class BlockConvLayout:
             return mod
         mod = rewrite_functions(mod, _FoldBatchNorm(mod))
         b = self.block
-        return relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{b}c", f"OIHW{b}i{b}o"]})(mod)
+        mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{b}c", f"OIHW{b}i{b}o"]})(mod)
+        return rewrite_functions(mod, _BlockDepthwise(mod, b))
 
 
 def _convs(mod: tvm.IRModule) -> list[relax.Call]:
@@ -85,6 +90,40 @@ def _splits_a_block(mod: tvm.IRModule, block: int) -> bool:
         if w is None or None in w[:2] or (w[1] != 1 and (w[1] % block or (w[0] // groups) % block)):
             return True
     return False
+
+
+@mutator
+class _BlockDepthwise(PyExprMutator):
+    """A float32 NCHW depthwise conv2d (one channel a group, channels in whole blocks) with a
+    constant weight becomes NCHW[b]c x OIHW1i[b]o between a layout_transform in and out."""
+
+    def __init__(self, mod: tvm.IRModule, block: int):
+        super().__init__(mod)
+        self.block = block
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+            return call
+        attrs, b = call.attrs, self.block
+        x = _dims(call.args[0].ty)
+        weight = bound_constant(self, call.args[1])
+        if (str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW"
+                or x is None or x[1] is None or int(attrs.groups) != x[1] or x[1] % b or weight is None
+                or str(call.args[0].ty.dtype) != "float32" or str(weight.value.dtype) != "float32"):
+            return call
+        w = weight.value.numpy()
+        if w.shape[0] != x[1] or w.shape[1] != 1:
+            return call  # a channel multiplier: several outputs a group
+        kh, kw = w.shape[2:]
+        blocked_w = np.ascontiguousarray(w.reshape(x[1] // b, b, kh, kw).transpose(0, 2, 3, 1)
+                                         .reshape(x[1] // b, 1, kh, kw, 1, b))
+        data = relax.op.layout_transform(call.args[0], lambda n, c, h, w_: (n, c // b, h, w_, c % b))
+        conv = self.builder_.normalize(relax.op.nn.conv2d(
+            data, relax.const(blocked_w), strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation,
+            groups=attrs.groups, data_layout=f"NCHW{b}c", kernel_layout=f"OIHW1i{b}o", out_layout=f"NCHW{b}c",
+            out_dtype=attrs.out_dtype))
+        return relax.op.layout_transform(conv, lambda n, cb, h, w_, c: (n, cb * b + c, h, w_))
 
 
 @mutator

@@ -71,7 +71,7 @@ def test_blocked_convolutions_match_the_nchw_ones(rng, fusion):
 
 class OddChannels(torch.nn.Module):
     """3 -> 32 (NCHW: 3 is no block), 32 -> 32 blocked, 32 -> 17 and 17 -> 33 (NCHW), a strided
-    and a 1x1 blocked, and a depthwise one (groups: NCHW)."""
+    and a 1x1 blocked, and a depthwise one (blocked too, OIHW1i16o)."""
 
     def __init__(self):
         super().__init__()
@@ -102,7 +102,7 @@ def test_odd_channel_counts_stay_nchw_and_all_match_pytorch(fusion):
     from tvm_ext.frontends import from_torch
     layouts = [str(c.attrs.data_layout)
                for c in _calls(pipeline.prepare(from_torch(model, (x,)))["main"], "relax.nn.conv2d")]
-    assert layouts == ["NCHW", "NCHW16c", "NCHW", "NCHW", "NCHW", "NCHW16c", "NCHW16c", "NCHW"]
+    assert layouts == ["NCHW", "NCHW16c", "NCHW", "NCHW", "NCHW", "NCHW16c", "NCHW16c", "NCHW16c"]
 
 
 class Grouped(torch.nn.Module):
@@ -132,3 +132,39 @@ def test_grouped_convolutions_block_only_in_whole_blocks(last_groups, layouts):
     convs = _calls(pipeline.prepare(from_torch(model, (x,)))["main"], "relax.nn.conv2d")
     assert [str(c.attrs.data_layout) for c in convs] == layouts
     assert all(k.source == "ours" for k in compiled.report().kernels)
+
+
+class DepthwiseBlock(torch.nn.Module):
+    """MobileNetV2's middle: a 1x1 expansion, a depthwise 3x3 (stride 1 or 2, dilation 1 or
+    2) with BatchNorm and ReLU6, and a 1x1 projection."""
+
+    def __init__(self, stride: int, dilation: int = 1):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(16, 48, 1, bias=False)
+        self.dw = torch.nn.Conv2d(48, 48, 3, stride=stride, padding=dilation, dilation=dilation, groups=48, bias=True)
+        self.bn = torch.nn.BatchNorm2d(48)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+        self.project = torch.nn.Conv2d(48, 32, 1, bias=False)
+
+    def forward(self, x):
+        return self.project(torch.nn.functional.relu6(self.bn(self.dw(torch.relu(self.expand(x))))))
+
+
+@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm"])
+def test_a_depthwise_convolution_runs_blocked_and_matches_pytorch(stride, dilation, fusion):
+    # ConvertLayout leaves depthwise convolutions in NCHW; BlockConvLayout blocks them itself
+    torch.manual_seed(0)
+    model = DepthwiseBlock(stride, dilation).eval()
+    x = torch.randn(2, 16, 13, 14)
+    pipeline = Pipeline(fusion=fusion)
+    compiled = pipeline.run(model, (x,))
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-4)
+    from tvm_ext.frontends import from_torch
+    convs = _calls(pipeline.prepare(from_torch(model, (x,)))["main"], "relax.nn.conv2d")
+    assert [(str(c.attrs.data_layout), str(c.attrs.kernel_layout), int(c.attrs.groups)) for c in convs] == [
+        ("NCHW16c", "OIHW16i16o", 1), ("NCHW16c", "OIHW1i16o", 48), ("NCHW16c", "OIHW16i16o", 1)]
+    convs = [k for k in compiled.report().kernels if "nn.conv2d" in k.ops]
+    assert len(convs) == 3 and all("register_tile" in k.schedule for k in convs)  # none left to parallel_only

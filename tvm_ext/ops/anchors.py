@@ -234,7 +234,16 @@ def _conv2d(node: OpNode) -> TensorValue:
         if pt or pl or pb or pr:
             x = node.kb.realize(pad(x, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0]), node.name + "_pad")
         _, cb, _, _, ib = x.shape
-        obs, gcb, kh, kw, _, ob_size = w.shape  # gcb: a group's input blocks
+        obs, gcb, kh, kw, wib, ob_size = w.shape  # gcb: a group's input blocks
+        if groups == cb * ib and wib == 1:  # depthwise: output channel (block ob, lane o) reads its own
+            def depthwise(idx, ks):
+                b, ob, y, z, o = idx
+                ry, rx = ks
+                xi = [b, ob, y * sh + ry * dh, z * sw + rx * dw, o]
+                return L.cast(x.load(xi), acc) * L.cast(w.load([ob, 0, ry, rx, 0, o]), acc)
+
+            out = reduce_stage(node.kb, shape, [kh, kw], depthwise, "sum", acc, node.name)
+            return cast_value(out, node.out_dtype)
         ocg_blocks = obs // groups  # output blocks per group
         check_no_lowering(cb != gcb * groups or obs % groups, "blocked conv2d groups that split a block")
 
@@ -267,10 +276,14 @@ def _conv2d(node: OpNode) -> TensorValue:
 
 
 def _blocked_layouts(node: OpNode) -> tuple[int, int] | None:
-    """(input block, output block) of NCHW[i]c x OIHW[i]i[o]o -> NCHW[o]c, else None."""
+    """(input block, output block) of NCHW[i]c x OIHW[i]i[o]o -> NCHW[o]c, or of a depthwise
+    NCHW[b]c x OIHW1i[b]o -> NCHW[b]c (one channel a group); else None."""
     data = re.fullmatch(r"NCHW(\d+)c", str(node.attr("data_layout")))
     kernel = re.fullmatch(r"OIHW(\d+)i(\d+)o", str(node.attr("kernel_layout")))
     out = re.fullmatch(r"NCHW(\d+)c", str(node.attr("out_layout")))
-    if not (data and kernel and out) or data[1] != kernel[1] or kernel[2] != out[1]:
+    if not (data and kernel and out) or kernel[2] != out[1]:
+        return None
+    depthwise = kernel[1] == "1" and data[1] == out[1] and int(node.attr("groups")) == node.args[0].shape[1] * int(data[1])
+    if data[1] != kernel[1] and not depthwise:
         return None
     return int(data[1]), int(out[1])
