@@ -112,6 +112,35 @@ class InvertedResidual(nn.Module):
         return x + self.body(x) if self.residual else self.body(x)
 
 
+class Mish(nn.Module):
+    """x * tanh(softplus(x)): three nested transcendentals (a compile-time test as much as a kernel)."""
+
+    def forward(self, x):
+        return x * torch.tanh(nn.functional.softplus(x))
+
+
+class GroupNormSiLU(nn.Module):
+    """GroupNorm then SiLU, as in diffusion U-Nets: statistics over channel groups and space."""
+
+    def __init__(self, groups, channels):
+        super().__init__()
+        self.norm = nn.GroupNorm(groups, channels)
+
+    def forward(self, x):
+        return nn.functional.silu(self.norm(x))
+
+
+class MatMul(nn.Module):
+    """x @ W for a square weight: fp32 GEMM, compared with torch.mm (oneDNN/MKL)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+
+    def forward(self, x):
+        return torch.mm(x, self.weight)
+
+
 def _eval_stats(module: nn.Module) -> nn.Module:
     """BatchNorm with statistics other than the initial 0/1, as a trained model has them."""
     gen = torch.Generator().manual_seed(0)

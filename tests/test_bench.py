@@ -42,3 +42,17 @@ def test_rounds_rotate_their_order_and_pairs_give_the_median_ratio(monkeypatch):
     abba, baab = ["ours", "kernels", "kernels", "ours"], ["kernels", "ours", "ours", "kernels"]
     assert order == [*abba, "a", "b", "a", "b", *baab, "b", *abba, "a"]
     assert ms["ours"] == (6.0, 2.0, 3.0) and ms["a"] == 1.0
+
+
+def test_every_workload_builds_its_module_and_input():
+    sys.path.insert(0, str(BENCH.parent))
+    import torch
+    from models import workloads
+
+    table = workloads(quick=True)
+    assert {"mish", "group_norm_silu", "matmul_512", "conv_bn_relu", "inverted_residual",
+            "inverted_residual_s2", "transformer_encoder_layer"} <= set(table)
+    for name, workload in table.items():
+        module, x = workload.make()
+        with torch.no_grad():
+            assert module.eval()(x).shape[0] == x.shape[0], name
