@@ -231,11 +231,14 @@ def _conv2d(node: OpNode) -> TensorValue:
     acc = L.compute_dtype(L.promote_dtypes(x.dtype, w.dtype))
     shape = tuple(node.out_shape)
     if blocks is not None:
-        if pt or pl or pb or pr:
-            x = node.kb.realize(pad(x, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0]), node.name + "_pad")
         _, cb, _, _, ib = x.shape
         obs, gcb, kh, kw, wib, ob_size = w.shape  # gcb: a group's input blocks
-        if groups == cb * ib and wib == 1:  # depthwise: output channel (block ob, lane o) reads its own
+        depthwise_ = groups == cb * ib and wib == 1
+        if pt or pl or pb or pr:
+            x = pad(x, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0])
+            if not depthwise_:  # a depthwise tap is one vector FMA: a guarded load costs less than
+                x = node.kb.realize(x, node.name + "_pad")  # copying the whole input padded
+        if depthwise_:  # depthwise: output channel (block ob, lane o) reads its own
             def depthwise(idx, ks):
                 b, ob, y, z, o = idx
                 ry, rx = ks
