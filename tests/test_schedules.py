@@ -487,3 +487,18 @@ def test_reduce_axes_read_as_one_contiguous_run_merge_into_one_vectorized_row():
     # reduce axes in another order than memory's are not one run: they stay as they are
     (swapped,) = block_infos(tvm.s_tir.Schedule(_group_sum(4, 8, 6, 30, 30, swap=True)))
     assert not swapped.flat_reduce
+
+
+def test_a_short_row_axis_is_the_whole_register_tile():
+    # (128, 4, 256) x (256, 96): the rows' axis is 4 long; a tile of 2 rows left 4 accumulators
+    A = te.placeholder((128, 4, 256), "float32", name="A")
+    B = te.placeholder((256, 96), "float32", name="B")
+    k = te.reduce_axis((0, 256), name="k")
+    func = te.create_prim_func([A, B, te.compute((128, 4, 96), lambda b, i, j: te.sum(A[b, i, k] * B[k, j], axis=k),
+                                                 name="C")])
+    (choice,) = schedule_kernel(func, MACHINE).choices
+    assert choice[1]["tile_i"] == 4
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((128, 4, 256)).astype("float32"), rng.standard_normal((256, 96)).astype("float32")
+    (got,) = _run(schedule_kernel(func, MACHINE).func, [a, b], [(128, 4, 96)])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
