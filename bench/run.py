@@ -13,7 +13,10 @@ Each workload is a PyTorch module (bench/models.py). tvm_ext compiles it once pe
 strategy (torch.export -> Relax -> fused kernels); "TVM" is ``tvm.compile`` of the same
 imported Relax module (TVM's CPU pipeline: no fusion, unscheduled kernels); "eager" runs
 the module; "compile" runs ``torch.compile`` (Inductor, CPU); "ORT" runs ONNX Runtime on
-the module exported to ONNX (the ``bench`` extra; skipped when absent). All use the same
+the module exported to ONNX (the ``bench`` extra; skipped when absent), by TorchScript's
+exporter or, where that fails, torch.export's (onnxscript). Compile times are each system's
+first: ours, ``torch.compile``'s first call with an empty Inductor cache, ORT's export and
+session. Our call and its kernels are measured A B B A within a round. All use the same
 threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads). Every time is the median of ``--repeat``
 measurements (each ~20 ms of calls), taken in rounds that time every system once, so that a slow
 spell of the shared machine falls on all systems alike; a ratio above 1 means tvm_ext (its best
