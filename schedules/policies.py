@@ -381,12 +381,19 @@ class RegisterTiledAnchor(Policy):
                 if b * vectors_j * (knobs["tile_i"] + 1) + 1 <= self.machine.vector_registers]
         knobs["tile_b"] = max(fits, default=1)
         # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
-        # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166
-        panel = info.reduce[-1] * knobs["tile_j"] * info.dtype_bits // 8
-        knobs["k_block"] = 256 if 256 in space["k_block"] and panel > self.machine.l1_bytes else 0
+        # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166. The
+        # chunk is the longest whose panel takes at most 1/32 of L2: each chunk reads and
+        # writes all of C once more, and a panel streamed from L2 keeps the FMAs fed (AVX-512
+        # Xeon, L2 2 MiB: 512 over 256 at 2048^3 322 -> 346, 1024^3 336 -> 354 GFLOP/s; with
+        # 1 MiB or less of L2 the rule keeps 256, as measured before)
+        elem = info.dtype_bits // 8
+        panel = info.reduce[-1] * knobs["tile_j"] * elem
+        chunks = [b for b in space["k_block"] if b >= 256 and b * knobs["tile_j"] * elem * 32 <= self.machine.l2_bytes]
+        fallback = 256 if 256 in space["k_block"] else 0
+        knobs["k_block"] = max(chunks, default=fallback) if panel > self.machine.l1_bytes else 0
         # block the rows too when a core's rows of A for one k chunk outgrow an eighth of L2
         # (B's panels pass through L2 as well): at 2048^3, 122 -> 182 GFLOP/s; 1024^3, 161 -> 182
-        rows_a = math.ceil(info.spatial[-2] / self.machine.cores) * knobs["k_block"] * info.dtype_bits // 8 \
+        rows_a = math.ceil(info.spatial[-2] / self.machine.cores) * knobs["k_block"] * elem \
             if len(info.spatial) > 1 else 0
         knobs["i_block"] = max(space["i_block"]) if knobs["k_block"] and rows_a > self.machine.l2_bytes // 8 else 0
         return knobs

@@ -312,6 +312,25 @@ def test_register_tile_i_block_keeps_a_block_of_rows_across_the_j_tiles():
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("l2_kib, vector_bytes, k_block", [(2048, 64, 512), (1024, 64, 256), (512, 32, 256)])
+def test_register_tile_k_chunk_is_the_longest_whose_b_panel_takes_a_32nd_of_l2(l2_kib, vector_bytes, k_block):
+    # 1024 x 1024 x 256: a B panel of all k (1024 x 2 vectors of floats) outgrows L1, so k is
+    # chunked; a 512 chunk's panel is 512 x 2*lanes x 4 bytes: 128 KiB with AVX-512, a 16th of
+    # 2 MiB; 1 MiB and 512 KiB (AVX2, 64 KiB panels) keep 256
+    machine = Machine(cores=2, vector_bytes=vector_bytes, l2_bytes=l2_kib << 10)
+    func = _matmul(256, 1024, 256)
+    builder = ScheduleBuilder(func)
+    info = block_infos(builder.sch)[0]
+    knobs = RegisterTiledAnchor(machine).default(info)
+    assert knobs["tile_j"] == 2 * vector_bytes // 4
+    assert knobs["k_block"] == k_block
+    RegisterTiledAnchor(machine).apply(builder, info, knobs)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((256, 1024)).astype("float32"), rng.standard_normal((1024, 256)).astype("float32")
+    (got,) = _run(builder.result("k").func, [a, b], [(256, 256)])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
+
+
 def test_policies_are_listed():
     assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
                                           "read_tile", "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
