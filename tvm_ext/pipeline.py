@@ -20,6 +20,7 @@ from relay_passes.place_device import PlaceDevice
 from relay_passes.plan_memory import PlanMemory
 from relay_passes.conv_layout import BlockConvLayout
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
+from relay_passes.tanh_softplus import TanhSoftplus
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS
@@ -101,8 +102,9 @@ class Pipeline:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
         blocked = [BlockConvLayout()] if self.block_conv and self.fusion != "tvm" else []
+        algebra = [] if self.exact_math else [TanhSoftplus()]  # exact math keeps the model's own ops
         seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(self.registry), FoldTupleGetItem(),
-               relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
+               *algebra, relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
                relax.transform.DeadCodeElimination()]
         with self.target:
             mod = tvm.transform.Sequential(seq)(mod)
