@@ -247,6 +247,42 @@ def test_rule_realize_op_exp_is_a_stage_computed_once():
 
 
 
+def _exp_rejoined(x):
+    bb = _bb()
+    e = bb.emit(R.exp(x), "e")
+    n = bb.emit(R.multiply(e, R.add(e, relax.const(2.0))), "n")
+    return R.divide(n, R.add(n, relax.const(2.0)))
+
+
+def _exp_scaled_then_normalized(x):
+    bb = _bb()
+    e = bb.emit(R.exp(x), "e")
+    y = bb.emit(R.multiply(e, relax.const(2.0)), "y")
+    return R.divide(y, R.sum(y, axis=[1], keepdims=True))
+
+
+def test_rule_realize_op_inlines_an_exp_its_elementwise_readers_compute_once():
+    # e feeds e + 2 and e * (e + 2), which rejoin into one value, the output: inlined, the
+    # kernel's CSE computes e once an element, and no stage of e's size is written and read
+    mod = build_module(_exp_rejoined, [((4, 64), "float32")])
+    graph, plan = _analyze(mod)
+    inlined = [d for d in plan.log if d.reason.startswith("realize-op")]
+    assert [(graph[d.node].name, d.action) for d in inlined] == [("e", "inline")]
+    (group,) = AutoFuse()(graph).groups
+    assert group.local == []
+    (kernel,) = compile_strict(mod, "autofuse").report().kernels
+    assert "local e[" not in kernel.loop_ir
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype("float32")
+    e = np.exp(x)
+    np.testing.assert_allclose(compile_strict(mod, "autofuse")(x), e * (e + 2) / (e * (e + 2) + 2), rtol=1e-6)
+    # y = 2e is read by the sum and by the division, each of which would recompute it: e stays a stage
+    mod = build_module(_exp_scaled_then_normalized, [((4, 64), "float32")])
+    graph, plan = _analyze(mod)
+    (group,) = AutoFuse()(graph).groups
+    assert [graph[n].name for n in group.local] == ["e"]
+    assert [(graph[d.node].name, d.action) for d in plan.log if d.reason.startswith("realize-op")] == [("e", "stage")]
+
+
 def test_rule_realize_op_keeps_a_view_alone_as_its_own_kernel():
     # A reshape alone is left to TVM (a zero-copy view) unless the rules ask to realize it.
     mod = build_module(lambda x: R.reshape(x, (8, 4)), [((4, 8), "float32")])

@@ -630,7 +630,10 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)) and node.dtype != "bool":
             if count_nodes(node) <= 16:  # a value TVM simplifies to a load stays inline: a Let of
                 # max(a, a) bound to a, then x = a - cse, made TVM's analyzer bind x twice and fail
-                simple = analyzer.simplify(out)
+                try:
+                    simple = analyzer.simplify(out)
+                except TypeError:  # it cannot hash a TE read inside an integer comparison (a
+                    simple = out   # float class's bit test of a load): nothing to simplify then
                 if isinstance(simple, (tirx.Var, tirx.IntImm, tirx.FloatImm)) or _is_load(simple):
                     memo[key] = simple
                     return simple
