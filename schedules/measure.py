@@ -29,6 +29,7 @@ import tvm
 from tvm import tirx
 
 from schedules.workers import WorkerPool, error_message
+from tvm_ext.tir_pipeline import TIR_PIPELINE
 
 SERVER_ID_FUNC = "tvm_ext.rpc_server_id"
 
@@ -78,9 +79,10 @@ def target_spec(target: str | dict | tvm.target.Target) -> str | dict:
 
 
 def _compile(mod_json: str, target: str | dict, path: str) -> None:
-    """Runs in a build worker: one PrimFunc module -> an exported shared library."""
+    """Runs in a build worker: one PrimFunc module -> an exported shared library, built by the
+    pipeline the compiler builds it with."""
     mod = tvm.ir.load_json(mod_json)
-    tvm.compile(mod, target=tvm.target.Target(target)).export_library(path)
+    tvm.compile(mod, target=tvm.target.Target(target), tir_pipeline=TIR_PIPELINE).export_library(path)
 
 
 class LocalBuilder:
