@@ -492,14 +492,33 @@ def _group_sum(n, groups, per, h, w, swap=False):
         A[i, g * per + kc, kh, kw], axis=axes), name="S")])
 
 
+def test_row_per_core_splits_a_long_chain_of_adds_into_independent_accumulators():
+    """37 rows of 1000: 8 lanes (16 do not divide 1000), 125 vector steps a row, at least 64: up
+    to 8 accumulators, of which 5 divide 125; 64 rows of 256: 16 steps of 16 lanes, one chain."""
+    long_rows = schedule_kernel(_row_sum(37, 1000), MACHINE)
+    (name, knobs), = long_rows.choices
+    assert name.startswith("row_per_core") and knobs == {"vector": 8, "accumulators": 8}
+    script = long_rows.script()
+    assert "T.unroll(5)" in script and "range(25)" in script and "T.vectorized(8)" in script
+    a = np.random.default_rng(1).standard_normal((37, 1000)).astype("float32")
+    (got,) = _run(long_rows.func, [a], [(37,)])
+    np.testing.assert_allclose(got, a.sum(-1), rtol=1e-5, atol=1e-4)
+    short_rows = schedule_kernel(_row_sum(64, 256), MACHINE)
+    assert short_rows.choices[0][1] == {"vector": 16, "accumulators": 1}
+    assert "T.unroll" not in short_rows.script()
+
+
 def test_reduce_axes_read_as_one_contiguous_run_merge_into_one_vectorized_row():
     # a group norm's statistics: 6 channels x 30 x 30 per group are 5400 floats in a row; 30
-    # alone takes no vector, the merged row takes 8 lanes (5400 = 675 x 8)
+    # alone takes no vector, the merged row takes 8 lanes (5400 = 675 x 8); 675 steps are a
+    # long chain of adds: at most 8 accumulators, the most that divide 675 = 5 x 135 are 5
     (info,) = block_infos(tvm.s_tir.Schedule(_group_sum(4, 8, 6, 30, 30)))
     assert info.flat_reduce and info.kind == "row_reduce"
     result = schedule_kernel(_group_sum(4, 8, 6, 30, 30), MACHINE)
-    assert result.choices[0][0].startswith("row_per_core") and result.choices[0][1]["vector"] == 8
-    assert "T.vectorized(8)" in result.script()
+    assert result.choices[0][0].startswith("row_per_core")
+    assert result.choices[0][1]["vector"] == 8 and result.choices[0][1]["accumulators"] == 8
+    script = result.script()
+    assert "T.vectorized(8)" in script and "T.unroll(5)" in script and "range(135)" in script
     x = np.random.default_rng(0).standard_normal((4, 48, 30, 30)).astype("float32")
     (got,) = _run(result.func, [x], [(4, 8)])
     np.testing.assert_allclose(got, x.reshape(4, 8, -1).sum(-1), rtol=1e-5, atol=1e-4)
