@@ -24,9 +24,6 @@ API = frozenset(["tvm_ext", "tvm_ext.__main__", "tvm_ext.pipeline", "tvm_ext.com
 DEFERRED = {
     ("tvm_ext.cli", "*"): "the command line loads TVM and the pipeline only for the command it runs",
     ("tvm_ext.torch_backend", "*"): "torch.compile loads the backend; tvm_ext loads when it first compiles",
-    ("tvm_ext.symbol", "tvm_ext.shape_inference"): "one layer (the Symbol frontend): inference reads the symbol's "
-                                                   "nodes, the symbol's methods call inference",
-    ("tvm_ext.symbol", "tvm_ext.symbol_to_relax"): "as above: Symbol.to_relax calls the translation",
 }
 
 

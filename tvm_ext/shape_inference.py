@@ -21,14 +21,17 @@ import inspect
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from tvm import relax, tirx
 
 from tvm_ext.errors import CompileError, DtypeError, InputError, ShapeError
 from tvm_ext.patterns import OpPattern
-from tvm_ext.symbol import Node, NodeEntry, OpInfo, Symbol, dtype_name, format_attr, op_spec
+from tvm_ext.symbol_graph import Node, NodeEntry, OpInfo, dtype_name, format_attr, op_spec
+
+if TYPE_CHECKING:  # the class whose methods call inference; inference only walks its graph
+    from tvm_ext.symbol import Symbol
 
 DEFAULT_DTYPE = "float32"
 _SHARED_OPERANDS = ("x1", "x2", "x3")  # Relax names of elementwise operands that share shape and dtype

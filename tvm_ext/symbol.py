@@ -23,59 +23,24 @@ hidden attribute keys (``lr_mult`` is also ``__lr_mult__``) and partial shapes (
 """
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tvm
-from tvm import relax
 
-from tvm_ext.errors import DtypeError, InputError
-from tvm_ext.registry import OPS, OpDef, SymbolOp, pair
+from tvm_ext.errors import InputError
+from tvm_ext.registry import SymbolOp, pair
+from tvm_ext.shape_inference import infer_shape, infer_type
+from tvm_ext.symbol_graph import (Node, NodeEntry, OpInfo, dtype_name, format_attr, op_spec, op_table,
+                                  parse_attr)
+from tvm_ext.symbol_to_relax import to_relax
 
 JSON_VERSION = 1
-
-
-# --------------------------------------------------------------------------- graph structures
-@dataclass(eq=False)
-class Node:
-    """One node: an op applied to input entries, or a variable (``op is None``)."""
-
-    op: str | None  # name of the op in this module's table; None for a variable
-    name: str
-    attrs: dict[str, Any] = field(default_factory=dict)  # op attributes (variables: shape/dtype hints)
-    inputs: list[NodeEntry] = field(default_factory=list)
-    user_attrs: dict[str, str] = field(default_factory=dict)  # free attributes: ctx_group, lr_mult, ...
-    num_outputs: int = 1
-    control_deps: list[Node] = field(default_factory=list)  # NNVM's: nodes that must run before this one
-
-    @property
-    def is_variable(self) -> bool:
-        return self.op is None
-
-    def output_name(self, index: int) -> str:
-        if self.is_variable:
-            return self.name
-        return f"{self.name}_output" if self.num_outputs == 1 else f"{self.name}_output{index}"
-
-    def __repr__(self) -> str:
-        return f"Node({self.op or 'null'}, {self.name!r})"
-
-
-class NodeEntry(NamedTuple):
-    """One output of a node: the node and which of its outputs."""
-
-    node: Node
-    index: int = 0
-
-    @property
-    def name(self) -> str:
-        return self.node.output_name(self.index)
 
 
 # --------------------------------------------------------------------------- attribute scopes
@@ -440,18 +405,15 @@ class Symbol:
         shape stays unknown the result is ``(None, None, None)`` (with a warning), as in MXNet;
         shapes that disagree raise ``ShapeError``.
         """
-        from tvm_ext.shape_inference import infer_shape
         return infer_shape(self, self._by_name(args, kwargs), partial=False)
 
     def infer_shape_partial(self, *args: Sequence[int], **kwargs: Sequence[int]) -> tuple[list, list, list]:
         """Like ``infer_shape``, with what is known: ``()`` for an unknown shape, 0 for an unknown dim."""
-        from tvm_ext.shape_inference import infer_shape
         return infer_shape(self, self._by_name(args, kwargs), partial=True)
 
     def infer_type(self, *args: Any, **kwargs: Any) -> tuple[list, list, list]:
         """(arg_types, out_types, aux_types) as numpy dtypes (given as names or numpy types, as in
         MXNet); arguments nothing fixes are float32."""
-        from tvm_ext.shape_inference import infer_type
         return infer_type(self, self._by_name(args, kwargs))
 
     def _by_name(self, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -473,7 +435,6 @@ class Symbol:
         Shapes not given are inferred (``infer_shape``); each op node's bindings are named after
         the node, and ``ctx_group`` attributes become the function attribute ``tvm_ext.ctx_group``.
         """
-        from tvm_ext.symbol_to_relax import to_relax
         for key, shape in (shapes or {}).items():
             if shape is not None and any(int(d) == 0 for d in shape):
                 raise InputError(f"to_relax needs complete shapes, but '{key}' has {tuple(shape)}: a 0 is an "
@@ -545,16 +506,6 @@ def Variable(name: str, shape: Sequence[int] | None = None, dtype: Any = None,
         attrs["dtype"] = dtype_name(dtype)
     extra = {**kwargs, **{k: str(v) for k, v in (("lr_mult", lr_mult), ("wd_mult", wd_mult)) if v is not None}}
     return Symbol([NodeEntry(Node(None, name, attrs, [], _new_user_attrs({**(attr or {}), **extra})))])
-
-
-def dtype_name(dtype: Any) -> str:
-    """A dtype as its name: strings as given, numpy types (np.float32, np.dtype) as numpy names them."""
-    if isinstance(dtype, str):
-        return dtype
-    try:
-        return np.dtype(dtype).name
-    except TypeError as err:
-        raise InputError(f"{dtype!r} is not a dtype; use a name ('float32') or a numpy type (np.float32)") from err
 
 
 var = Variable
@@ -630,26 +581,6 @@ def _string_attrs(node: Node) -> dict[str, str]:
     return out
 
 
-def format_attr(value: Any) -> str:
-    """An attribute as NNVM stores it: a string (Python literal syntax for non-strings)."""
-    return value if isinstance(value, str) else repr(value)
-
-
-def parse_attr(text: str) -> Any:
-    """The value ``format_attr`` wrote: a Python literal (``inf`` and ``nan`` too), else the string."""
-    try:
-        return ast.literal_eval(_NonFinite().visit(ast.parse(text, mode="eval")))
-    except (ValueError, SyntaxError, TypeError):
-        return text
-
-
-class _NonFinite(ast.NodeTransformer):
-    """``inf`` and ``nan``, as ``repr`` writes them, become float constants for ``literal_eval``."""
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        return ast.Constant(float(node.id)) if node.id in ("inf", "nan") else node
-
-
 def _attr_value(value: Any) -> Any:
     """An attribute as plain Python (numpy scalars as int/float, lists as tuples): what JSON gives back."""
     if isinstance(value, np.generic):
@@ -660,118 +591,31 @@ def _attr_value(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- the op table
-@dataclass(frozen=True)
-class OpInfo:
-    """One op of the Symbol API: a registry op's Relax function, or its ``SymbolOp``."""
-
-    name: str
-    opdef: OpDef
-    spec: SymbolOp | None  # None: the generic form (inputs are the Symbols passed to the Relax function)
-    relax_fn: Callable | None = None
-
-    def num_outputs(self, attrs: dict) -> int:
-        if self.spec is not None:
-            n = self.spec.num_outputs
-            return n(attrs) if callable(n) else n
-        return 1
-
-    def emit(self, bb: relax.BlockBuilder, inputs: list[relax.Expr], attrs: dict, name: str) -> relax.Expr:
-        """The Relax expression of one node (intermediates go into ``bb`` as ``name_*``)."""
-        if self.spec is not None:
-            return self.spec.emit(bb, inputs, attrs, name)
-        return _generic_emit(self.relax_fn, self.tensor_params, inputs, attrs)
-
-    @property
-    def tensor_params(self) -> frozenset:
-        """Parameters the Relax op declares as tensors (a number there becomes a constant)."""
-        op = tvm.ir.Op.get(self.opdef.name)
-        return frozenset(a.name for a in op.arguments if a.type_info == "Tensor")
-
-
-def _generic_emit(fn: Callable, tensor_params: frozenset, inputs: list[relax.Expr], attrs: dict) -> relax.Expr:
-    """Call the Relax op: attributes by keyword, tensors fill the remaining parameters in order.
-
-    A number given for a tensor parameter (``x + 2``) becomes a constant of the tensors' dtype.
-    """
-    params = list(inspect.signature(fn).parameters)
-    dtype = str(inputs[0].ty.dtype) if inputs and isinstance(inputs[0].ty, relax.TensorType) else "float32"
-    kwargs = {}
-    for key, value in attrs.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key in tensor_params:
-            if isinstance(value, float) and not value.is_integer() and not dtype.startswith(("float", "bfloat")):
-                raise DtypeError(f"the scalar {value} would be truncated on a {dtype} tensor; "
-                                 f"cast the tensor first (sym.astype(x, dtype='float32'))")
-            value = relax.const(value, dtype)
-        kwargs[key] = value
-    free = iter(p for p in params if p not in attrs)
-    for expr in inputs:
-        kwargs[next(free)] = expr
-    return fn(**kwargs)
-
-
-def _relax_function(opdef: OpDef) -> Callable | None:
-    fn: Any = relax.op
-    for part in opdef.name.split(".")[1:]:
-        fn = getattr(fn, part, None)
-        if fn is None:
-            return None
-    return fn
-
-
-def _build_table() -> tuple[dict[str, OpInfo], dict[str, str]]:
-    """Symbol op name -> entry: each registry op under its short name, each SymbolOp under its
-    name (a SymbolOp wins over a generic entry of the same name)."""
-    table: dict[str, OpInfo] = {}
-    aliases: dict[str, str] = {}
-    for opdef in OPS:
-        fn = _relax_function(opdef)
-        short = opdef.name.split(".")[-1]
-        if fn is not None and (opdef.symbol is None or opdef.symbol.name != short) and short not in table:
-            table[short] = OpInfo(short, opdef, None, fn)
-        for spec in ([opdef.symbol] if opdef.symbol is not None else []) + list(opdef.symbols):
-            if spec.name in table and table[spec.name].spec is not None:
-                raise ValueError(f"symbol op {spec.name} is defined twice")
-            table[spec.name] = OpInfo(spec.name, opdef, spec, fn)
-            for alias in spec.aliases:
-                aliases[alias] = spec.name
-    return table, aliases
-
-
-class _OpTable:
-    """The Symbol API's ops, built from the registry when first asked for and rebuilt whenever
-    an op has been registered since (``tvm_ext.register_op`` at run time gets its ``sym.name``)."""
+class _OpFunctions:
+    """The Symbol API's op functions, one per entry of the op table (``symbol_graph.op_table``),
+    rebuilt with it whenever an op has been registered since (``tvm_ext.register_op`` at run
+    time gets its ``sym.name``)."""
 
     def __init__(self) -> None:
         self.version = -1
-        self.ops: dict[str, OpInfo] = {}
-        self.aliases: dict[str, str] = {}
         self.functions: dict[str, Callable[..., Symbol]] = {}
 
-    def current(self) -> _OpTable:
-        if self.version != OPS.version:
-            self.ops, self.aliases = _build_table()
-            self.functions = {**{name: _op_function(info, name) for name, info in self.ops.items()},
-                              **{alias: _op_function(self.ops[target], alias) for alias, target in self.aliases.items()},
+    def current(self) -> dict[str, Callable[..., Symbol]]:
+        table = op_table()
+        if self.version != table.version:
+            self.functions = {**{name: _op_function(info, name) for name, info in table.ops.items()},
+                              **{alias: _op_function(table.ops[target], alias) for alias, target in table.aliases.items()},
                               **_MXNET_FUNCTIONS}
-            self.version = OPS.version
-        return self
+            self.version = table.version
+        return self.functions
 
 
-_TABLE = _OpTable()
-
-
-def op_spec(name: str) -> OpInfo:
-    """The table entry of a symbol op name (or alias)."""
-    table = _TABLE.current()
-    info = table.ops.get(table.aliases.get(name, name))
-    if info is None:
-        raise InputError(f"unknown symbol op {name!r}; known ops: {', '.join(sorted(table.ops))}")
-    return info
+_FUNCTIONS = _OpFunctions()
 
 
 def _function(name: str) -> Callable[..., Symbol] | None:
     """The op function ``sym.<name>``, None if there is none."""
-    return _TABLE.current().functions.get(name)
+    return _FUNCTIONS.current().get(name)
 
 
 def _call(op: str, args: Sequence[Any], kwargs: dict, name: str | None = None,
@@ -1065,9 +909,9 @@ def __getattr__(name: str) -> Callable[..., Symbol]:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_TABLE.current().functions])
+    return sorted([*globals(), *_FUNCTIONS.current()])
 
 
 def list_ops() -> list[str]:
     """Names of the op functions of this module (aliases included)."""
-    return sorted(_TABLE.current().functions)
+    return sorted(_FUNCTIONS.current())

@@ -11,7 +11,7 @@ dependencies (binding -> the bindings it must run after), which AutoFuse never f
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import tvm
 from tvm import relax
@@ -19,7 +19,10 @@ from tvm import relax
 from tvm_ext import attrs as fattrs
 from tvm_ext.errors import InputError
 from tvm_ext.shape_inference import infer
-from tvm_ext.symbol import Node, Symbol, op_spec
+from tvm_ext.symbol_graph import Node, op_spec
+
+if TYPE_CHECKING:  # the class whose to_relax calls this; the translation only walks its graph
+    from tvm_ext.symbol import Symbol
 
 
 def to_relax(symbol: Symbol, shapes: dict[str, Sequence[int]], dtypes: dict[str, str],
