@@ -174,8 +174,35 @@ def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
     for key in (attrs.CORES, attrs.TILED_EPILOGUE):
         if key in func.attrs:
             prim = prim.with_attr(key, func.attrs[key])
+    prim = prim.with_attr(attrs.SHAPE_ONLY, shape_only_params(func, registry))
     out_types = [relax.TensorType(s.buffer.shape, s.buffer.dtype) for s in stages]
     return LoweredGroup(prim, const_args, out_types)
+
+
+def shape_only_params(func: relax.Function, registry: OpRegistry = OPS) -> list[int]:
+    """Indices of ``func``'s parameters that every binding reads only for their shape: each use
+    is an argument its op declares ``shape_only`` (zeros_like's input). The kernel's first
+    parameters are the group's, in order, so these are the kernel's too."""
+    shape_uses: dict = {}  # var -> [whether each use is shape-only]
+    for block in func.body.blocks:
+        for b in block.bindings:
+            call = b.value
+            opdef = registry.get(call.op.name) if isinstance(call, relax.Call) and isinstance(
+                call.op, tvm.ir.Op) else None
+            args = list(call.args) if isinstance(call, relax.Call) else []
+            for i, arg in enumerate(args):
+                if isinstance(arg, relax.Var):
+                    shape_uses.setdefault(arg, []).append(opdef is not None and i in opdef.shape_only)
+                else:  # a tuple of tensors, ...: every value in it is read
+                    for v in relax.analysis.free_vars(arg):
+                        shape_uses.setdefault(v, []).append(False)
+            if not isinstance(call, relax.Call):
+                for v in relax.analysis.free_vars(call):
+                    shape_uses.setdefault(v, []).append(False)
+    result = func.body.body
+    for v in relax.analysis.free_vars(result):
+        shape_uses.setdefault(v, []).append(False)
+    return [i for i, p in enumerate(func.params) if shape_uses.get(p) and all(shape_uses[p])]
 
 
 def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: list,

@@ -4,8 +4,9 @@ It runs where TVM's ``StaticPlanBlockMemory`` would, right after ``CallTIRRewrit
 kernel is then a call in destination-passing style and every value it writes a
 ``R.builtin.alloc_tensor``. The plan follows the seed:
 
-- reference counts are the number of kernels that read a value; a kernel argument that no
-  block of the kernel reads (its shape alone was needed: the seed's FIgnoreInputs) holds none;
+- reference counts are the number of kernels that read a value; a kernel argument read only
+  for its shape (the seed's FIgnoreInputs: ``OpDef.shape_only``, which FuseCompile writes on
+  the kernel as ``tvm_ext.shape_only``) holds none;
 - graph outputs are never planned (their storage leaves the call);
 - in topological order, a kernel first reuses in place the storage of an input it reads last,
   when its ops allow it (``OpDef.inplace``), the sizes fit and the kernel itself is safe in
@@ -175,7 +176,7 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
                 kernel = v.op.name_hint if isinstance(v.op, tvm.ir.GlobalVar) and isinstance(
                     mod[v.op], tirx.PrimFunc) else None
                 if kernel is not None and kernel not in unread:
-                    unread[kernel] = unread_params(mod[v.op])
+                    unread[kernel] = shape_only_params(mod[v.op])
                 ignored = unread.get(kernel, set())
                 step = Step(len(steps), kernel, [frozenset() if i in ignored else reach(a)
                                                  for i, a in enumerate(args)], binding=position, after=set(uses))
@@ -214,6 +215,15 @@ def _sblocks(func: tirx.PrimFunc) -> list:
     found = []
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda blk: found.append(blk)))
     return [b for b in found if b.iter_vars or b.reads or b.writes]
+
+
+def shape_only_params(func: tirx.PrimFunc) -> set[int]:
+    """Arguments a kernel reads only for their shape (the seed's FIgnoreInputs): what FuseCompile
+    wrote from the ops' ``OpDef.shape_only`` (``tvm_ext.shape_only``); for a kernel TVM's
+    legalization made, which carries no op facts, the parameters none of its blocks touch."""
+    if attrs.SHAPE_ONLY in func.attrs:
+        return {int(i) for i in func.attrs[attrs.SHAPE_ONLY]}
+    return unread_params(func)
 
 
 def unread_params(func: tirx.PrimFunc) -> set[int]:

@@ -247,3 +247,22 @@ def test_a_bounded_kernel_computes_what_the_graph_says(graph, rng):
     compiled = tvm_ext.compile(build_module(make, [((3, 5, 7), "float32")]), strict=True)
     assert any(d.action == "stage" and "inlined-size" in d.reason for d in compiled.report().decisions)
     np.testing.assert_allclose(compiled(x), ref(x), rtol=2e-6, atol=2e-6)
+
+
+def test_shape_only_params_are_those_every_use_reads_for_the_shape_alone():
+    """A group (a, b, c): zeros_like(a) reads a's shape only and nothing else reads a: [0]; b goes
+    to ones_like and to an add: read; c goes to zeros_like and, inside a tuple, to concat: read."""
+    from relay_passes.fuse_compile import shape_only_params
+
+    a, b, c = (relax.Var(n, relax.TensorType((4, 8), "float32")) for n in "abc")
+    bb = relax.BlockBuilder()
+    with bb.function("group", [a, b, c]):
+        with bb.dataflow():
+            za = bb.emit(relax.op.zeros_like(a))
+            ob = bb.emit(relax.op.ones_like(b))
+            zc = bb.emit(relax.op.zeros_like(c))
+            cat = bb.emit(relax.op.concat([c, zc], axis=0))
+            s = bb.emit(relax.op.add(relax.op.add(za, ob), b))
+            out = bb.emit_output(relax.op.add(relax.op.concat([s, s], axis=0), cat))
+        bb.emit_func_output(out)
+    assert shape_only_params(bb.get()["group"]) == [0]

@@ -205,6 +205,30 @@ def test_an_input_read_only_for_its_shape_holds_no_count(x):
     np.testing.assert_allclose(run(compiled, x), _softmax(_softmax(x)), rtol=1e-5, atol=1e-7)
 
 
+def test_the_shape_only_fact_comes_from_the_kernel_attribute_fusecompile_writes(x):
+    """FuseCompile writes zeros_like's OpDef.shape_only on its kernel (tvm_ext.shape_only = [0]);
+    PlanMemory counts by it: with the attribute emptied, the zeros kernel holds a count on a."""
+    def make(v):
+        a = R.nn.softmax(v)
+        return R.add(R.nn.softmax(a), R.zeros_like(a))
+    mod = build_module(make, SPEC)
+    pipeline = Pipeline(fusion="none")
+    lowered = pipeline.run(mod).lowered_module
+    (zeros,) = [gv for gv, f in lowered.functions.items() if "zeros" in gv.name_hint]
+    assert [int(i) for i in lowered[zeros].attrs[tvm_ext.attrs.SHAPE_ONLY]] == [0]
+
+    def readers_of_a(module):
+        with pipeline.target:
+            vm_mod = tvm.transform.Sequential(before_planning())(module)
+        _, graph, _, _ = plan_function(vm_mod)
+        a = min((v for v in graph.values if not v.output), key=lambda v: v.defined)
+        return [graph.steps[i].kernel for i in a.readers]
+
+    assert not any("zeros" in k for k in readers_of_a(lowered))
+    lowered[zeros] = lowered[zeros].with_attr(tvm_ext.attrs.SHAPE_ONLY, [])
+    assert any("zeros" in k for k in readers_of_a(lowered))
+
+
 @pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
 @pytest.mark.parametrize("name", sorted(models.BUILTIN_MODELS))
 def test_builtin_models_are_planned_within_the_bounds_and_unchanged(name, fusion):

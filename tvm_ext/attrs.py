@@ -16,6 +16,8 @@ SCHEDULE = "tvm_ext.schedule"  # on our PrimFuncs: the plan applied to each bloc
 SCOPES = "tvm_ext.scopes"  # on Relax functions: binding name -> {scope attribute: value} (AutoFuse's scopes)
 CONTROL_DEPS = "tvm_ext.control_deps"  # on Relax functions: binding name -> bindings it must run after (NNVM)
 CORES = "tvm_ext.cores"  # on grouped functions and kernels: the most cores the kernel may run on
+SHAPE_ONLY = "tvm_ext.shape_only"  # on our PrimFuncs: indices of the inputs only read for their shape
+#   (every use an ``OpDef.shape_only`` argument: NNVM's FIgnoreInputs), for PlanMemory
 
 # Scope attributes (set with ``sym.AttrScope``, or in SCOPES for Relax models) that AutoFuse reads:
 DISABLE_AUTOFUSE_SCOPE = "_disable_autofuse_scope"  # seed rule 11: the op skips lowering
