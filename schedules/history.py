@@ -12,6 +12,7 @@ import statistics
 import warnings
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 from tvm_ext.machine import Machine
@@ -79,3 +80,27 @@ class ApplyHistoryBest:
         if untuned is not None and best[1] > (1 - self.margin) * pooled_ms(mine, untuned):
             return None
         return best[0]
+
+
+# --------------------------------------------------------------------------- the model check
+#: ``tune`` times the whole model built with its records against the model built without
+#: them, as users call it, and keeps both times as records of the task ``model:<hash>``.
+TUNED, UNTUNED = {"model": "tuned"}, {"model": "untuned"}
+
+
+def model_check_task(mod: tvm.IRModule, fusion: str) -> str:
+    """The task key of a model's check: its imported module and the fusion strategy."""
+    return f"model:{fusion}:{tvm_ffi.structural_hash(mod) & (2 ** 64 - 1):016x}"
+
+
+def model_check(db: TuningDatabase, task: str, target, machine: Machine) -> tuple[float, float] | None:
+    """(tuned ms, untuned ms) of the latest check of ``task`` measured on this machine, or None."""
+    latest: dict[str, TuningRecord] = {}
+    for r in db.records(task, target_key(target)):
+        side = r.candidate.get("model")
+        if r.ok and r.matches(machine) and side in ("tuned", "untuned"):
+            if side not in latest or r.timestamp >= latest[side].timestamp:
+                latest[side] = r
+    if len(latest) < 2:
+        return None
+    return latest["tuned"].median_ms, latest["untuned"].median_ms

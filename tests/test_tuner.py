@@ -374,3 +374,36 @@ def test_a_record_replaces_the_heuristic_only_when_it_is_clearly_faster(tasks, t
     history = ApplyHistoryBest(db, task.target)
     assert history.lookup(task.func) == other  # the best, when nothing says what the heuristic took
     assert (history.lookup(task.func, heur) == other) is applied
+
+
+def test_the_model_check_leaves_out_records_that_make_the_model_slower_as_called(tasks, tmp_path):
+    """tune's last step times the model built with its records and without them as users call
+    it; where the records' build is slower, compile leaves them out (and logs why), and the
+    latest check decides. The times come from a given timer: 2 ms tuned, 1 ms untuned, then
+    the other way round."""
+    from tvm_ext.tuning import check_model
+
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    measure = FakeMeasure()
+    measure.time_of = lambda r: 0.1 if "parallel_only" in r.policy else 1.0
+    Tuner(tasks, db, measure, TuneOptions(trials=40, batch=8), progress=lambda s: None).tune()
+
+    def tuned_kernels(compiled) -> list[str]:
+        return [k.name for k in compiled.report().kernels if "[tuned]" in k.schedule]
+
+    assert tuned_kernels(tvm_ext.compile(_model(), tuning_db=db))  # no check yet: the records apply
+
+    def timer(slower_when_tuned: bool):
+        return lambda model, inputs: (2.0 if bool(tuned_kernels(model)) == slower_when_tuned else 1.0)
+
+    assert check_model(_model(), db, timer=timer(True), rounds=3) == (2.0, 1.0)
+    compiled = tvm_ext.compile(_model(), tuning_db=db)
+    assert tuned_kernels(compiled) == []
+    (note,) = [d for d in compiled.report().decisions if d.action == "tuning"]
+    assert "2.000 ms with them and 1.000 ms without" in note.reason
+    x = np.random.default_rng(0).standard_normal((6, 40)).astype("float32")
+    np.testing.assert_allclose(compiled(x), tvm_ext.compile(_model())(x), rtol=1e-5, atol=1e-6)
+
+    assert check_model(_model(), db, timer=timer(False), rounds=3) == (1.0, 2.0)  # the latest check decides
+    assert tuned_kernels(tvm_ext.compile(_model(), tuning_db=db))
+    assert len([r for r in db.records() if r.task.startswith("model:")]) == 4

@@ -26,7 +26,7 @@ from relay_passes.grouping import MakeGroups
 from relay_passes.strategies import PARTITIONERS
 from schedules import Machine, ScheduleKernels
 from schedules.database import TuningDatabase
-from schedules.history import ApplyHistoryBest
+from schedules.history import ApplyHistoryBest, model_check, model_check_task
 from tvm_ext.build_pipeline import TIR_PIPELINE, relax_pipeline
 from tvm_ext.compiled_model import CompiledModel, dim_bounds_of, outputs_of, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
@@ -69,9 +69,13 @@ class Pipeline:
     device_labels: dict | None = None  # node or input name -> device group, besides ctx_group attributes
     rollback: str = "count"  # "count": the seed's rule; "measure": time each kernel against its parts
     progress: Any = None  # a callable taking one line of text: long work (measured rollback) reports to it
+    apply_records: str = "checked"  # the tuning database's schedules: "checked" (unless tune's check of
+    #   the whole model found the build without them faster), "always" or "never" (its rollback decisions only)
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
     placement: PlaceDevice | None = field(default=None, init=False)  # the last PlaceDevice run
+    model_task: str | None = field(default=None, init=False)  # the model's check task in a tuning database
+    records_note: str | None = field(default=None, init=False)  # why the records were not applied
 
     def __post_init__(self):
         if not callable(self.fusion) and self.fusion not in FUSION_CHOICES:
@@ -83,6 +87,8 @@ class Pipeline:
             raise ValueError(f"rollback='measure' is AutoFuse's: it needs fusion='autofuse', not {self.fusion!r}")
         if isinstance(self.tuning_db, (str, os.PathLike)):
             self.tuning_db = TuningDatabase(self.tuning_db)
+        if self.apply_records not in ("checked", "always", "never"):
+            raise ValueError(f"apply_records={self.apply_records!r}: choose 'checked', 'always' or 'never'")
 
     def _partitioner(self) -> Any:
         """The fusion strategy; AutoFuse with a rollback judge when measuring or when a
@@ -134,7 +140,10 @@ class Pipeline:
             seq.append(self._schedule_pass())
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
-        return lowered, _report(lowered, groups, fuse, self.placement)
+        report = _report(lowered, groups, fuse, self.placement)
+        if self.records_note is not None:
+            report.decisions.append(Decision("model", "", "tuning", self.records_note))
+        return lowered, report
 
     def _lower_with_tvm_fusion(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FusionReport]:
         """TVM's own fusion (FuseOps + FuseTIR) with our default schedules on its kernels."""
@@ -148,7 +157,15 @@ class Pipeline:
         return lowered, FusionReport(kernels, views)
 
     def _schedule_pass(self, all_kernels: bool = False) -> ScheduleKernels:
-        history = ApplyHistoryBest(self.tuning_db, self.target) if self.tuning_db is not None else None
+        history = None
+        if self.tuning_db is not None and self.apply_records != "never":
+            history = ApplyHistoryBest(self.tuning_db, self.target)
+            check = model_check(self.tuning_db, self.model_task, self.target, Machine.for_target(self.target)) \
+                if self.apply_records == "checked" and self.model_task is not None else None
+            if check is not None and check[0] > check[1]:
+                history = None
+                self.records_note = (f"tuning records not applied: tune's check timed this model at {check[0]:.3f} ms "
+                                     f"with them and {check[1]:.3f} ms without, as called")
         self.scheduler = ScheduleKernels(Machine.for_target(self.target), all_kernels=all_kernels, history=history)
         return self.scheduler
 
@@ -178,6 +195,7 @@ class Pipeline:
             shape_dict: dict | None = None) -> CompiledModel:
         t0 = time.perf_counter()
         mod = import_model(model, example_inputs, shape_dict)
+        self.model_task = model_check_task(mod, self.fusion if isinstance(self.fusion, str) else type(self.fusion).__name__)
         t1 = time.perf_counter()
         prepared = self.prepare(mod)
         lowered, report = self.lower(prepared)

@@ -10,14 +10,21 @@ model, measuring with a local or RPC runner (``schedules.measure``).
 """
 from __future__ import annotations
 
+import math
 import os
+import statistics
 from typing import Any, Callable, Sequence
 
-from schedules.database import TuningDatabase
+import tvm
+import tvm_ffi
+
+from schedules.database import TuningDatabase, TuningRecord
+from schedules.history import TUNED, UNTUNED
 from schedules.measure import LocalBuilder, LocalRunner, MeasureInput, Runner, measure
-from schedules.tasks import Task, extract_tasks
+from schedules.tasks import Task, extract_tasks, target_key
 from schedules.tuner import TuneOptions, Tuner, TuneSummary
 from tvm_ext.frontends import import_model
+from tvm_ext.machine import Machine
 from tvm_ext.pipeline import Pipeline
 
 
@@ -70,14 +77,62 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
     With AutoFuse, each kernel of two or more ops is first timed against its ops apart and
     split where they are faster (``compile(rollback="measure")``); ``db`` records those
     decisions, so ``compile(tuning_db=db)`` builds the same kernels the records are of.
+
+    Last, the whole model is built with the records and without them and both are timed as
+    users call them (``check_model``): where the records make it slower, ``compile`` leaves
+    them out for this model (kernel timings alone, on the tuner's buffers, can rank two
+    schedules the other way round).
     """
     database = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
     options = options or TuneOptions(trials=trials)
     rollback = "measure" if fusion == "autofuse" else "count"
-    tasks = tasks_of(model, example_inputs, target=target, fusion=fusion, shape_dict=shape_dict, rollback=rollback,
-                     db=database, progress=progress)
+    mod = import_model(model, example_inputs, shape_dict)
+    tasks = tasks_of(mod, target=target, fusion=fusion, rollback=rollback, db=database, progress=progress)
     measurer = KernelMeasurer(builder, runner)
     try:
-        return Tuner(tasks, database, measurer, options, progress=progress).tune()
+        summary = Tuner(tasks, database, measurer, options, progress=progress).tune()
     finally:
         measurer.close()
+    if not callable(fusion):
+        summary.model_check = check_model(mod, database, target=target, fusion=fusion, progress=progress)
+    return summary
+
+
+def check_model(mod: Any, db: TuningDatabase, *, target: Any = None, fusion: str = "autofuse", rounds: int = 7,
+                min_ms: float = 20.0, timer: Callable[[Any, list], float] | None = None,
+                progress: Callable[[str], None] | None = None) -> tuple[float, float] | None:
+    """(tuned ms, untuned ms): ``mod`` built with ``db``'s records and without, each timed as
+    users call it (numpy in and out), ``rounds`` times interleaved, medians; both recorded in
+    ``db`` as the task ``compile`` reads (``schedules.history.model_check``). None when the
+    records leave every kernel as the heuristic schedules it. ``timer(compiled, inputs)``
+    replaces the measurement (one time in ms)."""
+    untuned = Pipeline(target=target, fusion=fusion, tuning_db=db, apply_records="never").run(mod)
+    pipeline = Pipeline(target=target, fusion=fusion, tuning_db=db, apply_records="always")
+    tuned = pipeline.run(mod)
+    if _same_kernels(tuned, untuned):
+        return None
+    inputs = untuned.random_inputs()
+    if timer is None:
+        first = tuned.time_call(*inputs, number=1, repeat=1).median_ms
+        number = max(1, math.ceil(min_ms / max(first, 1e-3)))
+        timer = lambda model, args: model.time_call(*args, number=number, repeat=1).median_ms  # noqa: E731
+    times: dict[str, list[float]] = {"tuned": [], "untuned": []}
+    for i in range(rounds):  # interleaved, each side first in turn
+        order = (("tuned", tuned), ("untuned", untuned)) if i % 2 == 0 else (("untuned", untuned), ("tuned", tuned))
+        for side, model in order:
+            times[side].append(timer(model, inputs))
+    machine = Machine.for_target(pipeline.target)
+    for side, candidate in (("tuned", TUNED), ("untuned", UNTUNED)):
+        db.append(TuningRecord(pipeline.model_task, target_key(pipeline.target), dict(candidate), times[side],
+                               kernel="the model as called", cpu=machine.cpu, vector_bits=machine.vector_bits))
+    result = statistics.median(times["tuned"]), statistics.median(times["untuned"])
+    if progress is not None:
+        progress(f"the model as called: {result[0]:.4f} ms tuned, {result[1]:.4f} ms untuned"
+                 + ("" if result[0] <= result[1] else ": compile leaves the records out for this model"))
+    return result
+
+
+def _same_kernels(a: Any, b: Any) -> bool:
+    funcs = [[f for _, f in sorted(c.lowered_module.functions_items(), key=lambda gf: gf[0].name_hint)
+              if isinstance(f, tvm.tirx.PrimFunc)] for c in (a, b)]
+    return len(funcs[0]) == len(funcs[1]) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(*funcs))
