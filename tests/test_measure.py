@@ -186,7 +186,10 @@ def rpc_cluster():
     servers = [None, None]
 
     def start(i):
-        servers[i] = start_rpc_server("127.0.0.1", tracker.port, "test", host="127.0.0.1", port=19300, port_end=19400)
+        # a port range each: started at once, two servers could bind-race for the same free port
+        # ("Address already in use": one server failed, once in a full suite run)
+        servers[i] = start_rpc_server("127.0.0.1", tracker.port, "test", host="127.0.0.1", port=19300 + 100 * i,
+                                      port_end=19400 + 100 * i)
 
     threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
     for t in threads:
