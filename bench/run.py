@@ -64,6 +64,7 @@ import tvm_ext  # noqa: E402
 from relay_passes.autofuse import AutoFuse  # noqa: E402
 from tvm_ext.baselines import call_as_users_do, tvm_default_build, tvm_fused_kernel_count  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
+from tvm_ext.tuning import same_kernels  # noqa: E402
 
 
 def _number(single_s: float) -> int:
@@ -218,10 +219,10 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     with torch.no_grad():
         ref = module(x).numpy()
     row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True, "build_s": {}, "import_s": import_s}
-    timers, slow = {}, set()
+    timers, slow, untuned = {}, set(), {}
     for fusion in fusions:
         t0 = time.perf_counter()
-        compiled = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
+        compiled = untuned[fusion] = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
         row["build_s"][fusion] = time.perf_counter() - t0  # the import apart: it is done once for all
         row["ok"] &= bool(np.allclose(compiled(xn), ref, rtol=1e-3, atol=1e-3))
         # as users call it, numpy in and out; then its kernels alone, in the same slot of the round
@@ -234,6 +235,7 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
         tuned = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusions[0]](), tuning_db=tuning_db)
         row["ok"] &= bool(np.allclose(tuned(xn), ref, rtol=1e-3, atol=1e-3))
         timers["tuned"] = py_timer(lambda: tuned(xn))
+        row["tuned_same"] = same_kernels(tuned, untuned[fusions[0]])  # then a ratio off 1 is the noise
     baseline = tvm_default_build(imported, target)
     _, single = evaluator_timer(baseline, [tvm.runtime.tensor(xn)])
     if single > 1.0:  # TVM's unscheduled GEMMs: 50 s a call at 2048; its call costs the same
@@ -372,7 +374,8 @@ def main(argv=None) -> int:
         if row["tuned_ms"]:
             tflops = f", {row['tuned_gflops']:.0f} GFLOP/s" if row["tuned_gflops"] else ""
             print(f"{'  tuned (' + fusions[0] + ')':26s} {row['tuned_ms']:9.3f} ms: {row['tuned_vs_untuned']:.2f}x "
-                  f"over untuned, {_fmt(row['tuned_vs_compile'], '.2f')}x vs torch.compile{tflops}", flush=True)
+                  f"over untuned, {_fmt(row['tuned_vs_compile'], '.2f')}x vs torch.compile{tflops}"
+                  + (" (the same kernels as untuned)" if row.get("tuned_same") else ""), flush=True)
 
     def geo(key):
         vals = [r[key] for r in rows if r[key]]

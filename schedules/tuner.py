@@ -101,7 +101,7 @@ class TuneSummary:
         if self.model_check is not None:
             tuned, untuned = self.model_check
             rows.append(f"the model as called: {tuned:.4f} ms tuned, {untuned:.4f} ms untuned: the records "
-                        + ("apply" if tuned <= untuned else "are not applied (compile builds it untuned)"))
+                        + ("apply" if tuned <= untuned else "are not used (compile builds it untuned)"))
         return "\n".join(rows)
 
 

@@ -377,8 +377,8 @@ def test_a_record_replaces_the_heuristic_only_when_it_is_clearly_faster(tasks, t
 
 
 def test_the_model_check_leaves_out_records_that_make_the_model_slower_as_called(tasks, tmp_path):
-    """tune's last step times the model built with its records and without them as users call
-    it; where the records' build is slower, compile leaves them out (and logs why), and the
+    """tune's last step times the model built with its database and without it as users call
+    it; where the database's build is slower, compile does not use it (and logs why), and the
     latest check decides. The times come from a given timer: 2 ms tuned, 1 ms untuned, then
     the other way round."""
     from tvm_ext.tuning import check_model
@@ -400,7 +400,7 @@ def test_the_model_check_leaves_out_records_that_make_the_model_slower_as_called
     compiled = tvm_ext.compile(_model(), tuning_db=db)
     assert tuned_kernels(compiled) == []
     (note,) = [d for d in compiled.report().decisions if d.action == "tuning"]
-    assert "2.000 ms with them and 1.000 ms without" in note.reason
+    assert "2.000 ms with it and 1.000 ms without" in note.reason
     x = np.random.default_rng(0).standard_normal((6, 40)).astype("float32")
     np.testing.assert_allclose(compiled(x), tvm_ext.compile(_model())(x), rtol=1e-5, atol=1e-6)
 

@@ -69,13 +69,13 @@ class Pipeline:
     device_labels: dict | None = None  # node or input name -> device group, besides ctx_group attributes
     rollback: str = "count"  # "count": the seed's rule; "measure": time each kernel against its parts
     progress: Any = None  # a callable taking one line of text: long work (measured rollback) reports to it
-    apply_records: str = "checked"  # the tuning database's schedules: "checked" (unless tune's check of
-    #   the whole model found the build without them faster), "always" or "never" (its rollback decisions only)
+    apply_records: str = "checked"  # the tuning database (schedules and rollback decisions): "checked" (unless
+    #   tune's check of the whole model found the build without it faster), "always" or "never" (as without one)
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
     placement: PlaceDevice | None = field(default=None, init=False)  # the last PlaceDevice run
     model_task: str | None = field(default=None, init=False)  # the model's check task in a tuning database
-    records_note: str | None = field(default=None, init=False)  # why the records were not applied
+    records_note: str | None = field(default=None, init=False)  # why the database was not used
 
     def __post_init__(self):
         if not callable(self.fusion) and self.fusion not in FUSION_CHOICES:
@@ -93,9 +93,10 @@ class Pipeline:
     def _partitioner(self) -> Any:
         """The fusion strategy; AutoFuse with a rollback judge when measuring or when a
         tuning database may hold measured rollback decisions."""
-        if self.fusion != "autofuse" or (self.rollback == "count" and self.tuning_db is None):
+        db = self._database()
+        if self.fusion != "autofuse" or (self.rollback == "count" and db is None):
             return self.fusion
-        return AutoFuse(judge=MeasuredRollback(self.target, self._build_alone, self.tuning_db,
+        return AutoFuse(judge=MeasuredRollback(self.target, self._build_alone, db,
                                                measure=self.rollback == "measure", progress=self.progress))
 
     def _build_alone(self, mod: tvm.IRModule, fusion: Any) -> CompiledModel:
@@ -156,16 +157,22 @@ class Pipeline:
         kernels, views = kernels_of(lowered)
         return lowered, FusionReport(kernels, views)
 
-    def _schedule_pass(self, all_kernels: bool = False) -> ScheduleKernels:
-        history = None
-        if self.tuning_db is not None and self.apply_records != "never":
-            history = ApplyHistoryBest(self.tuning_db, self.target)
-            check = model_check(self.tuning_db, self.model_task, self.target, Machine.for_target(self.target)) \
-                if self.apply_records == "checked" and self.model_task is not None else None
+    def _database(self) -> TuningDatabase | None:
+        """The tuning database this compile uses: none with ``apply_records="never"``, or when the
+        latest check of this model by ``tune`` timed it slower built with the database than without."""
+        if self.tuning_db is None or self.apply_records == "never":
+            return None
+        if self.apply_records == "checked" and self.model_task is not None:
+            check = model_check(self.tuning_db, self.model_task, self.target, Machine.for_target(self.target))
             if check is not None and check[0] > check[1]:
-                history = None
-                self.records_note = (f"tuning records not applied: tune's check timed this model at {check[0]:.3f} ms "
-                                     f"with them and {check[1]:.3f} ms without, as called")
+                self.records_note = (f"tuning database not used: tune's check timed this model at {check[0]:.3f} ms "
+                                     f"with it and {check[1]:.3f} ms without, as called")
+                return None
+        return self.tuning_db
+
+    def _schedule_pass(self, all_kernels: bool = False) -> ScheduleKernels:
+        db = self._database()
+        history = ApplyHistoryBest(db, self.target) if db is not None else None
         self.scheduler = ScheduleKernels(Machine.for_target(self.target), all_kernels=all_kernels, history=history)
         return self.scheduler
 

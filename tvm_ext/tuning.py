@@ -79,9 +79,9 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
     decisions, so ``compile(tuning_db=db)`` builds the same kernels the records are of.
 
     Last, the whole model is built with the records and without them and both are timed as
-    users call them (``check_model``): where the records make it slower, ``compile`` leaves
-    them out for this model (kernel timings alone, on the tuner's buffers, can rank two
-    schedules the other way round).
+    users call them (``check_model``): where the database makes it slower, ``compile`` does not
+    use it for this model (kernel timings alone, on the tuner's buffers, can rank two schedules
+    or a fused kernel and its parts the other way round).
     """
     database = db if isinstance(db, TuningDatabase) else TuningDatabase(db)
     options = options or TuneOptions(trials=trials)
@@ -101,15 +101,15 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
 def check_model(mod: Any, db: TuningDatabase, *, target: Any = None, fusion: str = "autofuse", rounds: int = 7,
                 min_ms: float = 20.0, timer: Callable[[Any, list], float] | None = None,
                 progress: Callable[[str], None] | None = None) -> tuple[float, float] | None:
-    """(tuned ms, untuned ms): ``mod`` built with ``db``'s records and without, each timed as
-    users call it (numpy in and out), ``rounds`` times interleaved, medians; both recorded in
-    ``db`` as the task ``compile`` reads (``schedules.history.model_check``). None when the
-    records leave every kernel as the heuristic schedules it. ``timer(compiled, inputs)``
-    replaces the measurement (one time in ms)."""
+    """(tuned ms, untuned ms): ``mod`` built with ``db`` (its schedules and measured rollback
+    decisions) and without it, as ``compile`` builds it either way, each timed as users call it
+    (numpy in and out), ``rounds`` times interleaved, medians; both recorded in ``db`` as the
+    task ``compile`` reads (``schedules.history.model_check``). None when the database leaves
+    every kernel as it was. ``timer(compiled, inputs)`` replaces the measurement (one time in ms)."""
     untuned = Pipeline(target=target, fusion=fusion, tuning_db=db, apply_records="never").run(mod)
     pipeline = Pipeline(target=target, fusion=fusion, tuning_db=db, apply_records="always")
     tuned = pipeline.run(mod)
-    if _same_kernels(tuned, untuned):
+    if same_kernels(tuned, untuned):
         return None
     inputs = untuned.random_inputs()
     if timer is None:
@@ -128,11 +128,12 @@ def check_model(mod: Any, db: TuningDatabase, *, target: Any = None, fusion: str
     result = statistics.median(times["tuned"]), statistics.median(times["untuned"])
     if progress is not None:
         progress(f"the model as called: {result[0]:.4f} ms tuned, {result[1]:.4f} ms untuned"
-                 + ("" if result[0] <= result[1] else ": compile leaves the records out for this model"))
+                 + ("" if result[0] <= result[1] else ": compile does not use the database for this model"))
     return result
 
 
-def _same_kernels(a: Any, b: Any) -> bool:
+def same_kernels(a: Any, b: Any) -> bool:
+    """Whether two compiled models run structurally equal kernels."""
     funcs = [[f for _, f in sorted(c.lowered_module.functions_items(), key=lambda gf: gf[0].name_hint)
               if isinstance(f, tvm.tirx.PrimFunc)] for c in (a, b)]
     return len(funcs[0]) == len(funcs[1]) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(*funcs))
