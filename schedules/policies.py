@@ -283,7 +283,6 @@ class RowPerCore(Policy):
             impl.tile_split(ko, acc)
         rf = builder.rfactor(info.name, kt, factor_axis=len(spatial))
         builder.groups[info.name].role = "row reduction"
-        last = rf
         if acc > 1:  # the acc vectors' chains, then one vector (the combine), then the lanes
             combine = rf
             rf = builder.rfactor(combine, [a.name for a in builder.impl(combine).axis if a.reduce][-1],

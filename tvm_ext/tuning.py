@@ -78,7 +78,7 @@ def tune(model: Any, example_inputs: Sequence[Any] | None = None, *, db: str | o
     split where they are faster (``compile(rollback="measure")``); ``db`` records those
     decisions, so ``compile(tuning_db=db)`` builds the same kernels the records are of.
 
-    Last, the whole model is built with the records and without them and both are timed as
+    Last, the whole model is built with the database and without it and both are timed as
     users call them (``check_model``): where the database makes it slower, ``compile`` does not
     use it for this model (kernel timings alone, on the tuner's buffers, can rank two schedules
     or a fused kernel and its parts the other way round).
