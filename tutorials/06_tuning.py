@@ -43,12 +43,20 @@ def main(quick: bool, trials: int | None, db_path: str | None) -> None:
     summary = tvm_ext.tune(model.mod, db=db_path, trials=trials)
     print(f"\ntuned for {time.perf_counter() - t0:.0f} s\n{summary.table()}\n")
 
-    # 3. Compile again from the database: no measurement, just the best record per kernel.
+    # 3. Compile again from the database: no measurement, just the best record per kernel,
+    #    unless tune's last check timed the whole model, as called, slower with the database
+    #    than without it (summary.model_check: tuned ms, untuned ms); then compile builds it
+    #    untuned and the decision log says why.
     t0 = time.perf_counter()
     tuned = tvm_ext.compile(model.mod, tuning_db=db_path)
     report = tuned.report()
     tuned_names = {k.name for k in report.kernels if "[tuned]" in k.schedule}
-    faster = {o.task.name for o in summary.outcomes if o.best_ms < (1 - ApplyHistoryBest.margin) * o.heuristic_ms}
+    vetoed = summary.model_check is not None and summary.model_check[0] > summary.model_check[1]
+    faster = set() if vetoed else {o.task.name for o in summary.outcomes
+                                   if o.best_ms < (1 - ApplyHistoryBest.margin) * o.heuristic_ms}
+    for d in report.decisions:
+        if d.action == "tuning":
+            print(d.reason)
     print(f"compiled from the records in {time.perf_counter() - t0:.1f} s: {len(tuned_names)} of "
           f"{report.num_kernels} kernels take their schedule from the database (those whose best beats the "
           f"heuristic by {ApplyHistoryBest.margin:.0%})")
@@ -66,6 +74,7 @@ def main(quick: bool, trials: int | None, db_path: str | None) -> None:
     records = len(TuningDatabase(db_path))
     assert records >= trials, f"{records} records for {trials} trials"
     assert faster <= tuned_names and err < 1e-4, (faster, tuned_names)
+    assert not (vetoed and tuned_names), tuned_names
     print("OK")
 
 
