@@ -69,8 +69,8 @@ class Pipeline:
     device_labels: dict | None = None  # node or input name -> device group, besides ctx_group attributes
     rollback: str = "count"  # "count": the seed's rule; "measure": time each kernel against its parts
     progress: Any = None  # a callable taking one line of text: long work (measured rollback) reports to it
-    apply_records: str = "checked"  # the tuning database (schedules and rollback decisions): "checked" (unless
-    #   tune's check of the whole model found the build without it faster), "always" or "never" (as without one)
+    follow_model_check: bool = True  # leave the tuning database out for a model whose latest check by
+    #   tune timed it slower with the database than without (False: use it regardless, as the check's build)
     timings: dict[str, float] = field(default_factory=dict)
     scheduler: ScheduleKernels | None = field(default=None, init=False)  # the last schedule pass run
     placement: PlaceDevice | None = field(default=None, init=False)  # the last PlaceDevice run
@@ -87,8 +87,6 @@ class Pipeline:
             raise ValueError(f"rollback='measure' is AutoFuse's: it needs fusion='autofuse', not {self.fusion!r}")
         if isinstance(self.tuning_db, (str, os.PathLike)):
             self.tuning_db = TuningDatabase(self.tuning_db)
-        if self.apply_records not in ("checked", "always", "never"):
-            raise ValueError(f"apply_records={self.apply_records!r}: choose 'checked', 'always' or 'never'")
 
     def _partitioner(self) -> Any:
         """The fusion strategy; AutoFuse with a rollback judge when measuring or when a
@@ -158,11 +156,11 @@ class Pipeline:
         return lowered, FusionReport(kernels, views)
 
     def _database(self) -> TuningDatabase | None:
-        """The tuning database this compile uses: none with ``apply_records="never"``, or when the
-        latest check of this model by ``tune`` timed it slower built with the database than without."""
-        if self.tuning_db is None or self.apply_records == "never":
+        """The tuning database this compile uses: none when the latest check of this model by
+        ``tune`` timed it slower built with the database than without (``follow_model_check``)."""
+        if self.tuning_db is None:
             return None
-        if self.apply_records == "checked" and self.model_task is not None:
+        if self.follow_model_check and self.model_task is not None:
             check = model_check(self.tuning_db, self.model_task, self.target, Machine.for_target(self.target))
             if check is not None and check[0] > check[1]:
                 self.records_note = (f"tuning database not used: tune's check timed this model at {check[0]:.3f} ms "
@@ -202,7 +200,9 @@ class Pipeline:
             shape_dict: dict | None = None) -> CompiledModel:
         t0 = time.perf_counter()
         mod = import_model(model, example_inputs, shape_dict)
-        self.model_task = model_check_task(mod, self.fusion if isinstance(self.fusion, str) else type(self.fusion).__name__)
+        if self.tuning_db is not None:  # the hash reads every weight: only where a check may apply
+            self.model_task = model_check_task(mod, self.fusion if isinstance(self.fusion, str)
+                                               else type(self.fusion).__name__)
         t1 = time.perf_counter()
         prepared = self.prepare(mod)
         lowered, report = self.lower(prepared)

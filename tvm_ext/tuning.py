@@ -106,8 +106,8 @@ def check_model(mod: Any, db: TuningDatabase, *, target: Any = None, fusion: str
     (numpy in and out), ``rounds`` times interleaved, medians; both recorded in ``db`` as the
     task ``compile`` reads (``schedules.history.model_check``). None when the database leaves
     every kernel as it was. ``timer(compiled, inputs)`` replaces the measurement (one time in ms)."""
-    untuned = Pipeline(target=target, fusion=fusion, tuning_db=db, apply_records="never").run(mod)
-    pipeline = Pipeline(target=target, fusion=fusion, tuning_db=db, apply_records="always")
+    untuned = Pipeline(target=target, fusion=fusion).run(mod)
+    pipeline = Pipeline(target=target, fusion=fusion, tuning_db=db, follow_model_check=False)
     tuned = pipeline.run(mod)
     if same_kernels(tuned, untuned):
         return None
