@@ -183,26 +183,20 @@ def shape_only_params(func: relax.Function, registry: OpRegistry = OPS) -> list[
     """Indices of ``func``'s parameters that every binding reads only for their shape: each use
     is an argument its op declares ``shape_only`` (zeros_like's input). The kernel's first
     parameters are the group's, in order, so these are the kernel's too."""
-    shape_uses: dict = {}  # var -> [whether each use is shape-only]
+    read, shape_read = set(), set()
     for block in func.body.blocks:
         for b in block.bindings:
             call = b.value
             opdef = registry.get(call.op.name) if isinstance(call, relax.Call) and isinstance(
                 call.op, tvm.ir.Op) else None
-            args = list(call.args) if isinstance(call, relax.Call) else []
-            for i, arg in enumerate(args):
-                if isinstance(arg, relax.Var):
-                    shape_uses.setdefault(arg, []).append(opdef is not None and i in opdef.shape_only)
-                else:  # a tuple of tensors, ...: every value in it is read
-                    for v in relax.analysis.free_vars(arg):
-                        shape_uses.setdefault(v, []).append(False)
-            if not isinstance(call, relax.Call):
-                for v in relax.analysis.free_vars(call):
-                    shape_uses.setdefault(v, []).append(False)
-    result = func.body.body
-    for v in relax.analysis.free_vars(result):
-        shape_uses.setdefault(v, []).append(False)
-    return [i for i, p in enumerate(func.params) if shape_uses.get(p) and all(shape_uses[p])]
+            if opdef is None:
+                read.update(relax.analysis.free_vars(call))
+                continue
+            for i, arg in enumerate(call.args):  # a tuple of tensors is read, whatever its position
+                only_shape = isinstance(arg, relax.Var) and i in opdef.shape_only
+                (shape_read if only_shape else read).update(relax.analysis.free_vars(arg))
+    read.update(relax.analysis.free_vars(func.body.body))
+    return [i for i, p in enumerate(func.params) if p in shape_read and p not in read]
 
 
 def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: list,

@@ -124,7 +124,7 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
     if not isinstance(func.body, relax.SeqExpr):
         raise NotPlannable("body is not a sequence")
     roots: dict = {}  # var -> frozenset of Values it aliases
-    unread: dict = {}  # kernel -> its parameters no block reads
+    shape_only: dict = {}  # kernel -> its parameters read only for their shape
     tuples: dict = {}  # var bound to a Tuple -> per-field roots
     defined_by: dict = {}  # var -> the steps its value comes from (through views and aliases)
     values, steps = [], []
@@ -175,9 +175,9 @@ def function_graph(func: relax.Function, mod: tvm.IRModule) -> FunctionGraph:
                     continue
                 kernel = v.op.name_hint if isinstance(v.op, tvm.ir.GlobalVar) and isinstance(
                     mod[v.op], tirx.PrimFunc) else None
-                if kernel is not None and kernel not in unread:
-                    unread[kernel] = shape_only_params(mod[v.op])
-                ignored = unread.get(kernel, set())
+                if kernel is not None and kernel not in shape_only:
+                    shape_only[kernel] = shape_only_params(mod[v.op])
+                ignored = shape_only.get(kernel, set())
                 step = Step(len(steps), kernel, [frozenset() if i in ignored else reach(a)
                                                  for i, a in enumerate(args)], binding=position, after=set(uses))
                 defined_by[b.var] = frozenset([step.index])
