@@ -83,8 +83,8 @@ class ApplyHistoryBest:
 
 
 # --------------------------------------------------------------------------- the model check
-#: ``tune`` times the whole model built with its records against the model built without
-#: them, as users call it, and keeps both times as records of the task ``model:<hash>``.
+#: ``tune`` times the whole model built with the database against the model built without
+#: it, as users call it, and keeps both times as records of the task ``model:<fusion>:<hash>``.
 TUNED, UNTUNED = {"model": "tuned"}, {"model": "untuned"}
 
 

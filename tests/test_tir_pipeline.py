@@ -95,10 +95,5 @@ def test_a_vector_loop_across_rows_of_30_loads_and_stores_whole_vectors(mcpu):
 
 def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
     found = []
-
-    def visit(node: tirx.For) -> tirx.For:
-        found.append(node)
-        return node
-
-    tvm_ffi.structural_map(func, (tirx.For, visit))
+    tvm_ffi.structural_walk(func.body, (tirx.For, found.append))
     return found

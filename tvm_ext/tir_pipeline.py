@@ -106,11 +106,8 @@ def rejoin_merged_indices(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     """Flat buffer indices of merged loops rejoined into one affine term (see the module's note)."""
     analyzer = tvm.sym.Analyzer()
 
-    def bind(loop: tirx.For) -> tirx.For:
-        analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
-        return loop
-
-    tvm_ffi.structural_map(func, (tirx.For, bind))
+    tvm_ffi.structural_walk(func.body, (tirx.For, lambda loop: analyzer.bind(
+        loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))))
 
     def store(node: tirx.BufferStore) -> tirx.BufferStore:
         indices = [rejoin_index(i, analyzer) for i in node.indices]
