@@ -288,10 +288,6 @@ class RowPerCore(Policy):
             rf = builder.rfactor(combine, [a.name for a in builder.impl(combine).axis if a.reduce][-1],
                                  factor_axis=len(spatial))
             builder.groups[combine].role = "vector combine"
-            c_impl = builder.impl(combine)
-            lane = [n for n in c_impl.names[len(spatial):] if not c_impl[n].reduce]
-            c_impl.reorder(*[n for n in c_impl.names[len(spatial):] if c_impl[n].reduce], *lane)
-            c_impl.mark_vectorized(lane[-1])
         rf_impl = builder.impl(rf)
         rf_impl.mark_vectorized(rf_impl.names[-1])
         if acc > 1:
