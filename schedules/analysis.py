@@ -146,7 +146,7 @@ def _kind(block) -> tuple[str, int]:
     """The block's kind, and for an anchor whose operand is packed in column panels
     (``Wp[j // p, k, j % p]``, see ``relay_passes.pack_weights``) the panel width p."""
     last_dims = _last_read_indices(block)
-    kind = _kind_of(block, last_dims)
+    kind = _kind_of(block, _read_indices(block))
     if kind != "anchor":
         return kind, 0
     spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
@@ -163,6 +163,30 @@ def _last_read_indices(block) -> list:
     return [analyzer.simplify(r.region[-1].min) for r in block.reads if len(r.region)]
 
 
+def _read_indices(block) -> list[tuple]:
+    """(index, reads along a reduce axis) for each read's last index and for its row-major flat
+    index, both simplified with the block's iteration ranges. The flat index finds a read
+    through a reshape that walks its row at unit stride (``(i * 6 + k // 900) * 900 + k % 900``
+    is ``i * 5400 + k``) where no single axis's index does."""
+    analyzer = tvm.sym.Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    reduce_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == REDUCE}
+    out = []
+    for region in block.reads:
+        if not len(region.region):
+            continue
+        mins = [r.min for r in region.region]
+        along = any(set(tirx.analysis.undefined_vars(e, [])) & reduce_vars for e in mins)
+        out.append((analyzer.simplify(mins[-1]), along))
+        if len(mins) > 1 and all(isinstance(d, tirx.IntImm) for d in region.source.shape):
+            flat = mins[0]
+            for index, dim in zip(mins[1:], list(region.source.shape)[1:]):
+                flat = flat * int(dim) + index
+            out.append((analyzer.simplify(flat), along))
+    return out
+
+
 def _period(expr, var) -> int:
     """p when ``expr`` is ``var % p`` (contiguous within each panel of p columns), else 0."""
     if isinstance(expr, tirx.FloorMod) and expr.a.same_as(var) and isinstance(expr.b, tirx.IntImm):
@@ -170,19 +194,21 @@ def _period(expr, var) -> int:
     return 0
 
 
-def _kind_of(block, last_dims: list) -> str:
+def _kind_of(block, indices: list[tuple]) -> str:
     ivars = list(block.iter_vars)
     spatial = [iv.var for iv in ivars if int(iv.iter_type) == SPATIAL]
     reduce = [iv.var for iv in ivars if int(iv.iter_type) == REDUCE]
     if not reduce:
-        if spatial and last_dims and not any(_unit_stride(e, spatial[-1]) or _constant(e) for e in last_dims):
+        if spatial and indices and not any(_unit_stride(e, spatial[-1]) or _constant(e) for e, _ in indices):
             return "transpose"  # no read is contiguous along the innermost written axis
         return "pointwise"
     extent = {iv.var: int(iv.dom.extent) for iv in ivars}
-    if spatial and extent[spatial[-1]] >= 4 and any(_unit_stride(e, spatial[-1]) or _period(e, spatial[-1]) >= 4
-                                                   for e in last_dims):
+    # an anchor's operand runs along both its last output axis and the reduction (B[k, j]); a
+    # value read along the output axis alone (a row's mean in its variance) is a broadcast
+    if spatial and extent[spatial[-1]] >= 4 and any(
+            along and (_unit_stride(e, spatial[-1]) or _period(e, spatial[-1]) >= 4) for e, along in indices):
         return "anchor"
-    if any(_unit_stride(e, reduce[-1]) for e in last_dims):
+    if any(_unit_stride(e, reduce[-1]) for e, _ in indices):
         return "row_reduce"
     return "reduce"
 

@@ -188,6 +188,21 @@ def test_a_packed_weight_makes_an_anchor_whose_tile_stays_in_a_panel():
     np.testing.assert_allclose(tvm_ext.compile(_matmuls_of_constant(w, uses=1))(x), x @ w, rtol=1e-4, atol=1e-4)
 
 
+def test_statistics_over_a_reshape_are_vectorized_row_reductions():
+    # variance over (4, 48, 30, 30) seen as (4, 8, 5400): both passes (the mean, then the
+    # centred squares, which read the mean along the output axis) are rows of 5400 contiguous
+    # floats; before, the first was a scalar loop (the reshape's div/mod hid the row) and the
+    # second a register tile (the mean's read looked like a matmul operand)
+    mod = build_module(lambda x: R.variance(R.reshape(x, (4, 8, 5400)), axis=[2]), [((4, 48, 30, 30), "float32")])
+    pipe = tvm_ext.Pipeline()
+    lowered, _ = pipe.lower(pipe.prepare(mod))
+    (func,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    policies = {entry.split(":")[1] for entry in str(func.attrs["tvm_ext.schedule"]).split(", ")}
+    assert "row_per_core" in policies and not policies & {"parallel_only", "register_tile"}
+    x = np.random.default_rng(0).standard_normal((4, 48, 30, 30)).astype("float32")
+    np.testing.assert_allclose(tvm_ext.compile(mod)(x), x.reshape(4, 8, -1).var(-1), rtol=1e-4)
+
+
 def _mish(x):
     c = lambda v: relax.const(v, "float32")
     softplus = R.where(R.greater(x, c(20.0)), x, R.log(R.add(R.exp(x), c(1.0))))

@@ -84,6 +84,26 @@ def test_views_are_index_maps_only():
     assert not any(isinstance(n, L.Compute) for n in L.walk(kb.stages[0].expr))
 
 
+def test_a_reshape_read_is_indexed_as_the_loops_ranges_allow():
+    """mean over (4, 48, 30, 30) seen as (4, 8, 5400): the reshape's map is row-major div/mod,
+    ``((i1 * 5400 + k) // 43200 + i0) % 4`` on the batch axis without the loops' ranges. With
+    i1 < 8 and k < 5400, i1 * 5400 + k < 43200: the batch index is i0; the channel index
+    (i1 * 6 + k // 900) % 48 < 48 needs no modulo either."""
+    def build(kb):
+        x = kb.add_input("x", (4, 48, 30, 30), "float32")
+        return reduce(kb, reshape(x, (4, 8, 5400)), [2], "sum", False, "float32", "s")
+    kb = KernelBuilder("k")
+    func = kb.build([kb.store(build(kb), "y")])
+    reads = str(func)
+    assert "x[v_i0, v_i1 * 6 + v_k0 // 900, v_k0 % 900 // 30, v_k0 % 30]" in reads
+    assert "% 4" not in reads and "% 48" not in reads
+    lib = tvm.compile(func, "llvm")
+    xv = np.random.default_rng(0).standard_normal((4, 48, 30, 30)).astype("float32")
+    y = tvm.runtime.empty((4, 8), "float32")
+    lib["k"](tvm.runtime.tensor(xv), y)
+    np.testing.assert_allclose(y.numpy(), xv.reshape(4, 8, -1).sum(-1), rtol=1e-5, atol=1e-3)
+
+
 def test_concat_is_a_guarded_select():
     def build(kb):
         a = kb.add_input("a", (2, 3), "float32")

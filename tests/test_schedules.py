@@ -527,6 +527,44 @@ def test_reduce_axes_read_as_one_contiguous_run_merge_into_one_vectorized_row():
     assert not swapped.flat_reduce
 
 
+def test_a_row_read_through_a_reshape_is_a_row_reduction():
+    # (4, 48, 30, 30) summed as (4, 8, 5400): one reduce axis, which no single index walks at
+    # unit stride (the last is k % 30), but the flat index is i * 43200 + g * 5400 + k: a row
+    A = te.placeholder((4, 48, 30, 30), "float32", name="A")
+    k = te.reduce_axis((0, 5400), "k")
+    func = te.create_prim_func([A, te.compute((4, 8), lambda i, g: te.sum(
+        A[i, g * 6 + k // 900, k % 900 // 30, k % 30], axis=k), name="S")])
+    (info,) = block_infos(tvm.s_tir.Schedule(func))
+    assert info.kind == "row_reduce" and not info.flat_reduce
+    result = schedule_kernel(func, MACHINE)
+    assert result.choices[0][0].startswith("row_per_core") and result.choices[0][1]["vector"] == 8
+    x = np.random.default_rng(0).standard_normal((4, 48, 30, 30)).astype("float32")
+    (got,) = _run(result.func, [x], [(4, 8)])
+    np.testing.assert_allclose(got, x.reshape(4, 8, -1).sum(-1), rtol=1e-5, atol=1e-3)
+
+
+def test_a_value_read_along_the_output_axis_alone_does_not_make_an_anchor():
+    # a variance's second pass, sum_k (x[i, k] - m[i])^2: m[i] steps by one along i, the last
+    # output axis, as B[k, j] does in a matmul; but it does not run along k: a row reduction
+    X = te.placeholder((32, 5400), "float32", name="X")
+    M = te.placeholder((32,), "float32", name="M")
+    k = te.reduce_axis((0, 5400), "k")
+    var = te.create_prim_func([X, M, te.compute((32,), lambda i: te.sum(
+        (X[i, k] - M[i]) * (X[i, k] - M[i]), axis=k), name="V")])
+    assert block_infos(tvm.s_tir.Schedule(var))[0].kind == "row_reduce"
+    result = schedule_kernel(var, MACHINE)
+    assert result.choices[0][0].startswith("row_per_core")
+    rng = np.random.default_rng(0)
+    x, m = rng.standard_normal((32, 5400)).astype("float32"), rng.standard_normal(32).astype("float32")
+    (got,) = _run(result.func, [x, m], [(32,)])
+    np.testing.assert_allclose(got, ((x - m[:, None]) ** 2).sum(-1), rtol=1e-4)
+    # a column sum, sum_k x[k, j], still reads along both: it stays an anchor
+    C = te.placeholder((64, 32), "float32", name="C")
+    kc = te.reduce_axis((0, 64), "kc")
+    col = te.create_prim_func([C, te.compute((32,), lambda j: te.sum(C[kc, j], axis=kc), name="S")])
+    assert block_infos(tvm.s_tir.Schedule(col))[0].kind == "anchor"
+
+
 def test_a_short_row_axis_is_the_whole_register_tile():
     # (128, 4, 256) x (256, 96): the rows' axis is 4 long; a tile of 2 rows left 4 accumulators
     A = te.placeholder((128, 4, 256), "float32", name="A")

@@ -21,7 +21,7 @@ translates to TE by ``to_te``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import tvm
 import tvm_ffi
@@ -567,7 +567,7 @@ del _op
 
 
 # --------------------------------------------------------------------------- to TE
-def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
+def to_te(expr: LoopExpr, exact_math: bool = False, bounds: Sequence[tuple] = ()) -> PrimExpr:
     """Translate a Loop IR expression to a TE/TIR expression (loads become tensor reads).
 
     float32 transcendentals use the vectorizable forms of ``fast_math`` unless
@@ -580,16 +580,45 @@ def to_te(expr: LoopExpr, exact_math: bool = False) -> PrimExpr:
     the values they read many times the same way, locally. A reduction's body holds no
     ``Let`` (LLVM's CSE does the work there): schedules copy reduction bodies (``rfactor``),
     and a copied ``Let`` would define its variable twice.
+
+    ``bounds`` gives the (variable, extent) of each loop around ``expr``; with them (and the
+    reduce axes' ranges) every load's index is simplified.
     """
+    indices = _LoadIndices(bounds)
     if isinstance(expr, Reduce):
         memo: dict[int, PrimExpr] = {}
 
         def tr(node: LoopExpr) -> PrimExpr:
             if id(node) not in memo:
-                memo[id(node)] = _translate(node, tr, exact_math, let=False)
+                memo[id(node)] = _translate(node, tr, exact_math, False, indices)
             return memo[id(node)]
         return tr(expr)
-    return _translate_cse(expr, exact_math)
+    return _translate_cse(expr, exact_math, indices)
+
+
+class _LoadIndices:
+    """Simplifies a load's index with the ranges of the loops it runs in: a view chain's div/mod
+    (a reshape of (4, 48, 30, 30) to (4, 8, 5400) reads ``x[((i1 * 5400 + k) // 43200 + i0) % 4,
+    ...]``) becomes the index it means (``x[i0, i1 * 6 + k // 900, ...]``), which the schedule
+    analysis and TVM's vectorizer can follow."""
+
+    def __init__(self, bounds: Sequence[tuple]):
+        self.analyzer = tvm.sym.Analyzer()
+        self.bound: set = set()
+        for var, extent in bounds:
+            self.bind(var, tvm.ir.Range(0, extent))
+
+    def bind(self, var: tirx.Var, dom: tvm.ir.Range) -> None:
+        if var not in self.bound:
+            self.bound.add(var)
+            self.analyzer.bind(var, dom)
+
+    def bind_axes(self, axes: Sequence[Any]) -> None:
+        for iv in axes:
+            self.bind(iv.var, iv.dom)
+
+    def __call__(self, index: PrimExpr) -> PrimExpr:
+        return self.analyzer.simplify(index) if self.bound else index
 
 
 
@@ -601,7 +630,7 @@ def _is_load(expr) -> bool:
     return type(expr).__name__ in ("BufferLoad", "ProducerLoad")
 
 
-def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
+def _translate_cse(root: LoopExpr, exact_math: bool, indices: _LoadIndices) -> PrimExpr:
     parents: dict[int, int] = {}
     guarded: set[int] = set()
     for node in walk(root):
@@ -624,7 +653,7 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
         key = id(node)
         if key in memo:
             return memo[key]
-        out = _translate(node, tr, exact_math, let=True)
+        out = _translate(node, tr, exact_math, True, indices)
         # a boolean stays inline: once vectorized, TVM's analyzer cannot bind a bool-vector Let
         # (it builds an IntImm of type boolx8 and fails)
         if key in shared and not isinstance(node, (Load, Const, IndexValue, Reduce)) and node.dtype != "bool":
@@ -649,11 +678,12 @@ def _translate_cse(root: LoopExpr, exact_math: bool) -> PrimExpr:
     return body
 
 
-def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: bool, let: bool) -> PrimExpr:
+def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: bool, let: bool,
+               indices: _LoadIndices) -> PrimExpr:
     if isinstance(node, Load):
         if node.buffer.tensor is None:
             raise RuntimeError(f"buffer {node.buffer.name} has no TE tensor yet")
-        index = [_te_index(tr(i)) if isinstance(i, LoopExpr) else i for i in node.index]
+        index = [_te_index(tr(i)) if isinstance(i, LoopExpr) else indices(i) for i in node.index]
         return node.buffer.tensor(*index)
     if isinstance(node, Const):
         return tirx.const(node.value, node.dtype)
@@ -671,6 +701,7 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
         cond, t, f = tr(node.cond), tr(node.true_value), tr(node.false_value)
         return tirx.if_then_else(cond, t, f) if node.guarded else tirx.Select(cond, t, f)
     if isinstance(node, Reduce):
+        indices.bind_axes(node.axes)
         body = tr(node.body)
         axes = list(node.axes)
         if node.kind == "sum":

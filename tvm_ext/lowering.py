@@ -132,7 +132,7 @@ class KernelBuilder:
             stage.expr = value.load(axes)
             if stage.expr.dtype != value.dtype:
                 raise TypeError(f"{buf.name}: body is {stage.expr.dtype}, stage is {value.dtype}")
-            return L.to_te(stage.expr, self.exact_math) if self.emit_te else None
+            return L.to_te(stage.expr, self.exact_math, list(zip(axes, buf.shape))) if self.emit_te else None
 
         if self.emit_te:
             buf.tensor = te.compute(buf.shape, body, name=buf.name)
