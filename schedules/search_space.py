@@ -7,10 +7,12 @@ record in the tuning database replays to the same schedule with ``apply_candidat
 """
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from typing import Iterator
+from typing import Iterable, Iterator
 
+import tvm_ffi
 from tvm import tirx
 
 from schedules.analysis import BlockInfo, block_infos
@@ -57,8 +59,11 @@ class CandidateError(ValueError):
     """A candidate that does not apply to this kernel."""
 
 
-def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048) -> list[tuple[Candidate, ScheduleResult]]:
-    """Every candidate that applies, with its ScheduleResult, in a stable order.
+def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048,
+                    prefer: Candidate | None = None) -> list[tuple[Candidate, ScheduleResult]]:
+    """Every candidate that applies, with its ScheduleResult, in a stable order, one for
+    each distinct kernel (see ``_distinct``; ``prefer`` is kept among those that build the
+    same one: the heuristic's, which the tuner measures first).
 
     Blocks are scheduled in order, as the heuristic does; each unclaimed block takes one of
     its policies with one of the policy's knob settings. The walk stops at ``limit``: use
@@ -67,30 +72,43 @@ def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048) ->
     """
     builder = ScheduleBuilder(func)
     infos = block_infos(builder.sch)
-    out = _whole_kernel_forms(builder, infos, machine)
-    for steps, leaf in _walk(builder, infos, 0, set(), machine):
-        if len(out) >= limit:
-            break
-        out.append((steps, leaf.result("kernel")))  # each step chose its knobs on the way (Policy.trial)
-    return out
+    # each step chose its knobs on the way (Policy.trial)
+    leaves = ((steps, leaf.result("kernel")) for steps, leaf in _walk(builder, infos, 0, set(), machine))
+    return _distinct(_whole_kernel_forms(builder, infos, machine), leaves, limit, prefer)
 
 
 def sample_space(func: tirx.PrimFunc, machine: Machine, n: int, seed: int = 0,
-                 attempts: int = 4) -> list[tuple[Candidate, ScheduleResult]]:
-    """Up to ``n`` distinct candidates by random walks (each block's option drawn uniformly),
-    for spaces too large to enumerate."""
+                 attempts: int = 4, prefer: Candidate | None = None) -> list[tuple[Candidate, ScheduleResult]]:
+    """Up to ``n`` candidates of distinct kernels by random walks (each block's option drawn
+    uniformly), for spaces too large to enumerate."""
     rng = random.Random(seed)
     builder = ScheduleBuilder(func)
     infos = block_infos(builder.sch)
-    out = _whole_kernel_forms(builder, infos, machine)
-    seen = {candidate_key(c) for c, _ in out}
-    for _ in range(attempts * n):
-        if len(out) >= n:
+    walks = (_random_walk(builder, infos, machine, rng) for _ in range(attempts * n))
+    return _distinct(_whole_kernel_forms(builder, infos, machine), (w for w in walks if w is not None), n, prefer)
+
+
+def _distinct(first: list, more: Iterable[tuple[Candidate, ScheduleResult]], limit: int,
+              prefer: Candidate | None) -> list[tuple[Candidate, ScheduleResult]]:
+    """Up to ``limit`` candidates, one per distinct kernel. A knob can change nothing for a
+    block (``epilogue`` where the anchor has none, ``i_block`` without ``k_block``, an unroll
+    of a loop that is not there): such candidates build one kernel under several keys, and
+    each would be measured (a third to a half of a matmul's or convolution's settings)."""
+    preferred = candidate_key(prefer) if prefer is not None else None
+    out: list = []
+    by_hash: dict[int, list[int]] = {}
+    for candidate, result in itertools.chain(first, more):
+        h = tvm_ffi.structural_hash(result.func.body)
+        twin = next((i for i in by_hash.get(h, []) if tvm_ffi.structural_equal(out[i][1].func.body, result.func.body)),
+                    None)
+        if twin is not None:
+            if candidate_key(candidate) == preferred:
+                out[twin] = (candidate, result)
+            continue
+        if len(out) >= limit:
             break
-        walked = _random_walk(builder, infos, machine, rng)
-        if walked is not None and candidate_key(walked[0]) not in seen:
-            seen.add(candidate_key(walked[0]))
-            out.append(walked)
+        by_hash.setdefault(h, []).append(len(out))
+        out.append((candidate, result))
     return out
 
 

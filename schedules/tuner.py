@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
 from schedules.database import TuningDatabase, TuningRecord
@@ -138,7 +139,7 @@ class Tuner:
             o.heuristic_ms = pooled_ms(self._records(o.task), heur)
         budgets = self._budgets(outcomes)
         for i, (o, budget) in enumerate(zip(outcomes, budgets)):
-            self._tune_task(o, budget, f"task {i + 1}/{len(outcomes)}")
+            self._tune_task(o, budget, f"task {i + 1}/{len(outcomes)}", heuristics[o.task.key])
         for o in outcomes:  # a rerun's best may come from the database
             best = self._best_known(o.task)
             if best is not None and best[1] < o.best_ms:
@@ -179,19 +180,27 @@ class Tuner:
             shares[i] += 1
         return shares
 
-    def _tune_task(self, o: TaskOutcome, budget: int, label: str) -> None:
+    def _tune_task(self, o: TaskOutcome, budget: int, label: str, heuristic: Candidate) -> None:
         task, opts = o.task, self.options
         exhaustive = space_bound(task.func, task.machine) <= opts.space_limit
-        space = dict(self._entries(enumerate_space(task.func, task.machine, opts.space_limit))) if exhaustive else {}
+        space = dict(self._entries(enumerate_space(task.func, task.machine, opts.space_limit, heuristic))) \
+            if exhaustive else {}
         measured = self._measured(task)
+        # a large space's pools are each of distinct kernels; across pools (and against the
+        # heuristic, measured already) the kernels' hashes keep a second key of one out
+        kernels = set() if exhaustive else {
+            tvm_ffi.structural_hash(apply_candidate(task.func, task.machine, heuristic).func.body)}
         self._fit(task)
         spent, round_ = 0, 0
         while spent < budget:
             if not exhaustive:  # a large space: draw a fresh pool each batch
                 round_ += 1
                 for key, entry in self._entries(sample_space(task.func, task.machine, opts.pool,
-                                                             seed=opts.seed * 7919 + round_)):
-                    space.setdefault(key, entry)
+                                                             seed=opts.seed * 7919 + round_, prefer=heuristic)):
+                    kernel = tvm_ffi.structural_hash(entry[1].func.body)
+                    if key not in space and (kernel not in kernels or key == candidate_key(heuristic)):
+                        space[key] = entry
+                        kernels.add(kernel)
             todo = [k for k in space if k not in measured]
             if not todo:
                 break
