@@ -145,15 +145,6 @@ class Keep2D(Policy):
         vectors = [v for v in (lanes * 2, lanes, lanes // 2, 4) if v >= 4 and n % v == 0]
         return {"vector": sorted(set(vectors), reverse=True) or [0], "unroll": [False, True]}
 
-    def candidates(self, info):
-        """The space's settings less ``unroll`` where it changes nothing: it unrolls the loop
-        over the vectors of a row only when that loop has 8 steps or fewer."""
-        n = info.spatial[-1]
-        for knobs in super().candidates(info):
-            v = knobs["vector"]
-            if not knobs["unroll"] or (v and n > v and n // v <= 8):
-                yield knobs
-
     def apply(self, builder, info, knobs):
         impl = builder.impl(info.name)
         names = impl.names
@@ -272,15 +263,6 @@ class RowPerCore(Policy):
         steps = self.row(info) // knobs["vector"] if knobs["vector"] else 0
         knobs["accumulators"] = 8 if steps >= 64 and self.chains(steps, 8) > 1 else 1
         return knobs
-
-    def candidates(self, info):
-        """The space's settings less those where ``accumulators`` changes nothing (a row of too
-        few vector steps, or of a count that nothing from 2 to 8 divides, keeps one chain): the
-        same kernel under two keys would be measured twice."""
-        for knobs in super().candidates(info):
-            v, acc = knobs["vector"], knobs["accumulators"]
-            if acc == 1 or (v and self.chains(self.row(info) // v, acc) > 1):
-                yield knobs
 
     @staticmethod
     def chains(steps: int, most: int) -> int:

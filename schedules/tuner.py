@@ -188,6 +188,7 @@ class Tuner:
         measured = self._measured(task)
         # a large space's pools are each of distinct kernels; across pools (and against the
         # heuristic, measured already) the kernels' hashes keep a second key of one out
+        heuristic_key = candidate_key(heuristic)
         kernels = set() if exhaustive else {
             tvm_ffi.structural_hash(apply_candidate(task.func, task.machine, heuristic).func.body)}
         self._fit(task)
@@ -198,7 +199,7 @@ class Tuner:
                 for key, entry in self._entries(sample_space(task.func, task.machine, opts.pool,
                                                              seed=opts.seed * 7919 + round_, prefer=heuristic)):
                     kernel = tvm_ffi.structural_hash(entry[1].func.body)
-                    if key not in space and (kernel not in kernels or key == candidate_key(heuristic)):
+                    if key not in space and (kernel not in kernels or key == heuristic_key):
                         space[key] = entry
                         kernels.add(kernel)
             todo = [k for k in space if k not in measured]
