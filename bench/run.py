@@ -24,8 +24,9 @@ spell of the shared machine falls on all systems alike; a ratio above 1 means tv
 strategy) is faster. With ``--tune N``
 each workload's kernels are first tuned with N trials (the first ``--fusion`` strategy;
 records in ``--tuning-db``, which a rerun continues), then compiled from the records: the
-"tuned" column, with its ratio to the untuned build of the same strategy and to
-torch.compile.
+"tuned" column, with its ratio to the untuned build of the same strategy (the two measured
+A B B A within a round, the ratio taken per round) and to torch.compile, beside the same
+ratio for a second untuned build (the noise between two builds of the same kernels).
 
 For memory-bound workloads the roofline is the time to move the bytes that must move (the
 model's inputs, outputs and weights, once each): the faster of numpy's memcpy and a
@@ -114,7 +115,8 @@ def kernel_timer(compiled: tvm_ext.CompiledModel, xn: np.ndarray) -> Callable[[]
 
 
 def paired(call: Callable[[], float], kernels: Callable[[], float]) -> Callable[[], tuple]:
-    """Both measurements as one entry of a round, as (call, kernels). Their ratio is taken per
+    """Both measurements as one entry of a round, as (call, kernels) (or, for ``--tune``, the
+    untuned call and the tuned one). Their ratio is taken per
     round (``interleaved_medians``): the machine's slow spells last longer than the pair, so the
     ratio of the pair is steadier than the ratio of two medians. Each is measured twice, in the
     order A B B A (A the call and B the kernels, or the other way round from one entry to the
@@ -234,7 +236,13 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
                      progress=progress)
         tuned = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusions[0]](), tuning_db=tuning_db)
         row["ok"] &= bool(np.allclose(tuned(xn), ref, rtol=1e-3, atol=1e-3))
-        timers["tuned"] = py_timer(lambda: tuned(xn))
+        # tuned against untuned in one slot, A B B A, like the call against its kernels: a lone
+        # timer measured after a pause ran the very same kernels 0.78-0.97x as fast as the paired one
+        timers["tuned"] = paired(py_timer(lambda c=untuned[fusions[0]]: c(xn)), py_timer(lambda: tuned(xn)))
+        # the control: a second untuned build, timed the same way against the first, so that the
+        # tuned ratio can be read against what two builds of the very same kernels measure
+        again = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusions[0]]())
+        timers["rebuilt"] = paired(py_timer(lambda c=untuned[fusions[0]]: c(xn)), py_timer(lambda: again(xn)))
         row["tuned_same"] = same_kernels(tuned, untuned[fusions[0]])  # then a ratio off 1 is the noise
     baseline = tvm_default_build(imported, target)
     _, single = evaluator_timer(baseline, [tvm.runtime.tensor(xn)])
@@ -266,7 +274,7 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     row["ours_ms"] = {f: ms[f"ours:{f}"][0] for f in fusions}
     row["kernels_ms"] = {f: ms[f"ours:{f}"][1] for f in fusions}
     row["call_vs_kernels_by"] = {f: ms[f"ours:{f}"][2] for f in fusions}
-    row["tuned_ms"] = ms.get("tuned")
+    row["tuned_ms"] = ms["tuned"][1] if "tuned" in ms else None
     row["tvm_ms"], row["ort_ms"], row["eager_ms"] = ms["tvm"], ms.get("ort"), ms["eager"]
     row["compile_ms"] = ms.get("compile")
     row["roofline_ms"] = min(ms["copy:numpy"], ms["copy:tvm"]) if workload.memory_bound else None
@@ -278,7 +286,8 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     row["call_vs_kernels"] = row["call_vs_kernels_by"][row["best"]]
     row["kernels_x_roof"] = row["kernels_ms"][row["best"]] / row["roofline_ms"] if row["roofline_ms"] else None
     row["vs_ort"] = row["ort_ms"] / best if row["ort_ms"] else None
-    row["tuned_vs_untuned"] = row["ours_ms"][fusions[0]] / row["tuned_ms"] if row["tuned_ms"] else None
+    row["tuned_vs_untuned"] = ms["tuned"][2] if "tuned" in ms else None  # the median of the pairs' ratios
+    row["rebuilt_vs_untuned"] = ms["rebuilt"][2] if "rebuilt" in ms else None
     row["tuned_vs_compile"] = row["compile_ms"] / row["tuned_ms"] if row["tuned_ms"] and row["compile_ms"] else None
     row["tuned_gflops"] = workload.flops / (row["tuned_ms"] * 1e6) if workload.flops and row["tuned_ms"] else None
     row["gflops"] = workload.flops / (best * 1e6) if workload.flops else None
@@ -375,7 +384,8 @@ def main(argv=None) -> int:
             tflops = f", {row['tuned_gflops']:.0f} GFLOP/s" if row["tuned_gflops"] else ""
             print(f"{'  tuned (' + fusions[0] + ')':26s} {row['tuned_ms']:9.3f} ms: {row['tuned_vs_untuned']:.2f}x "
                   f"over untuned, {_fmt(row['tuned_vs_compile'], '.2f')}x vs torch.compile{tflops}"
-                  + (" (the same kernels as untuned)" if row.get("tuned_same") else ""), flush=True)
+                  + (" (the same kernels as untuned)" if row.get("tuned_same") else "")
+                  + f"; a second untuned build: {row['rebuilt_vs_untuned']:.2f}x", flush=True)
 
     def geo(key):
         vals = [r[key] for r in rows if r[key]]
@@ -389,6 +399,12 @@ def main(argv=None) -> int:
     if args.tune:
         print(f"tuned ({args.tune} trials per workload): geomean {geo('tuned_vs_untuned'):.2f}x over untuned, "
               f"{_fmt(geo('tuned_vs_compile'), '.2f')}x vs torch.compile")
+        changed = [r for r in rows if r["tuned_ms"] and not r.get("tuned_same")]
+        control = [r["rebuilt_vs_untuned"] for r in rows if r.get("rebuilt_vs_untuned")]
+        print(f"  tuned kernels differ on {len(changed)} of {len(rows)} workloads"
+              + (": " + ", ".join(f"{r['model']} {r['tuned_vs_untuned']:.2f}x" for r in changed) if changed else "")
+              + (f"; a second untuned build against the first (the noise): {min(control):.2f}-{max(control):.2f}x, "
+                 f"geomean {geo('rebuilt_vs_untuned'):.2f}x" if control else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": int(THREADS), "repeat": repeat, "fusions": fusions, "tune_trials": args.tune,
