@@ -154,12 +154,18 @@ def _kind(block) -> tuple[str, int]:
     return kind, min([p for p in periods if p], default=0)
 
 
-def _last_read_indices(block) -> list:
-    """Each read's index along its last axis, simplified with the block's iteration ranges
-    (a view chain leaves ``j % 1024 // 32`` where ``j // 32`` is meant)."""
+def _bounded_analyzer(block) -> tvm.sym.Analyzer:
+    """An analyzer that knows the block's iteration ranges."""
     analyzer = tvm.sym.Analyzer()
     for iv in block.iter_vars:
         analyzer.bind(iv.var, iv.dom)
+    return analyzer
+
+
+def _last_read_indices(block) -> list:
+    """Each read's index along its last axis, simplified with the block's iteration ranges
+    (a view chain leaves ``j % 1024 // 32`` where ``j // 32`` is meant)."""
+    analyzer = _bounded_analyzer(block)
     return [analyzer.simplify(r.region[-1].min) for r in block.reads if len(r.region)]
 
 
@@ -168,9 +174,7 @@ def _read_indices(block) -> list[tuple]:
     index, both simplified with the block's iteration ranges. The flat index finds a read
     through a reshape that walks its row at unit stride (``(i * 6 + k // 900) * 900 + k % 900``
     is ``i * 5400 + k``) where no single axis's index does."""
-    analyzer = tvm.sym.Analyzer()
-    for iv in block.iter_vars:
-        analyzer.bind(iv.var, iv.dom)
+    analyzer = _bounded_analyzer(block)
     reduce_vars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == REDUCE}
     out = []
     for region in block.reads:

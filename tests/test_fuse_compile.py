@@ -203,6 +203,32 @@ def test_statistics_over_a_reshape_are_vectorized_row_reductions():
     np.testing.assert_allclose(tvm_ext.compile(mod)(x), x.reshape(4, 8, -1).var(-1), rtol=1e-4)
 
 
+def test_group_norm_writes_one_multiply_add_an_element():
+    # GroupNorm(4 groups) over (2, 12, 5, 7): the statistics fold with gamma and beta into a
+    # scale and a shift per (batch, channel), 2 x 12 of each, so the pass that writes y reads x
+    # and those two alone (it read the group's mean and variance, gamma and beta, and worked out
+    # (x - mean) * rsqrt(var + eps) * gamma + beta at every element)
+    shapes = [((2, 12, 5, 7), "float32"), ((12,), "float32"), ((12,), "float32")]
+    mod = build_module(lambda x, g, b: R.nn.group_norm(x, g, b, 4, 1, [2, 3]), shapes)
+    pipe = tvm_ext.Pipeline()
+    lowered, _ = pipe.lower(pipe.prepare(mod))
+    (func,) = [f for f in lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    out = func.params[-1]
+    from tvm import s_tir
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    (writer,) = [b for b in blocks if any(w.source.same_as(out) for w in b.writes)]
+    reads = sorted((tuple(int(d) for d in r.source.shape), r.source.same_as(func.params[0])) for r in writer.reads)
+    assert reads == [((2, 12, 1, 1), False), ((2, 12, 1, 1), False), ((2, 12, 5, 7), True)]
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((2, 12, 5, 7)) * 2 + 1).astype("float32")
+    g, b = rng.standard_normal((2, 12)).astype("float32")
+    xg = x.reshape(2, 4, -1)
+    want = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    np.testing.assert_allclose(tvm_ext.compile(mod)(x, g, b), want * g[:, None, None] + b[:, None, None],
+                               rtol=1e-5, atol=1e-5)
+
+
 def _mish(x):
     c = lambda v: relax.const(v, "float32")
     softplus = R.where(R.greater(x, c(20.0)), x, R.log(R.add(R.exp(x), c(1.0))))

@@ -301,6 +301,10 @@ CASES.append(Case("relax.nn.group_norm", lambda x, g, b: R.nn.group_norm(x, g, b
 CASES.append(Case("relax.nn.group_norm", lambda x, g, b: R.nn.group_norm(x, g, b, 3, 1, [2]), normal(),
                   lambda x, g, b: _group_norm(x, g, b, 3), REDUCE,
                   shapes=_fixed((3, 9, 17), (9,), (9,)), arity=3, id="odd sizes, 1-d"))
+CASES.append(Case("relax.nn.group_norm", lambda x, g, b: R.nn.group_norm(x, g, b, 2, 1, [2, 3], 1e-5, False, False),
+                  normal(scale=2.0, shift=1.0),
+                  lambda x, g, b: _group_norm(x, np.ones_like(g), np.zeros_like(b), 2), REDUCE,
+                  shapes=_fixed((2, 6, 3, 5), (6,), (6,)), arity=3, id="no gamma, no beta"))
 CASES.append(Case("relax.nn.rms_norm", lambda x, w: R.nn.rms_norm(x, w, axes=[-1]), normal(),
                   lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w, REDUCE,
                   shapes=_fixed((4, 7, 64), (64,)), arity=2))

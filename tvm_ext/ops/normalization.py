@@ -144,7 +144,8 @@ def _affine(node: OpNode, norm: TensorValue, gamma: TensorValue, beta: TensorVal
 def _group_norm(node: OpNode) -> TensorValue:
     """Layer norm over each group of ``C / num_groups`` channels and ``axes``: the statistics
     come from a view with the channel axis split in (group, channel in group), two reductions
-    that read x once each, and one pass that writes the result (with gamma, beta per channel)."""
+    that read x once each; they fold with gamma and beta into a scale and a shift per channel,
+    and one pass writes ``x * scale + shift``."""
     x, gamma, beta = node.args
     ca = normalize_axes([node.attr("channel_axis")], x.ndim, node.name)[0]
     groups = int(node.attr("num_groups"))
@@ -160,15 +161,27 @@ def _group_norm(node: OpNode) -> TensorValue:
     mu = mean(node, grouped, red, True, cdt)
     var = variance(node, grouped, red, True, cdt, m=mu)
 
-    def per_element(stat: TensorValue) -> TensorValue:  # a group statistic, read at x's index
+    # per channel (and batch): x's shape with the reduced axes 1
+    pshape = tuple(1 if d != ca and d + (d > ca) in red else x.shape[d] for d in range(x.ndim))
+
+    def per_channel(stat: TensorValue) -> TensorValue:  # a group statistic, read at a channel's index
         def index(i):
             out = [0 if d in red else i[d] for d in range(ca)] + [i[ca] // per, 0]
             return out + [0 if d + 1 in red else i[d] for d in range(ca + 1, x.ndim)]
-        return view(stat, x.shape, index)
+        return view(stat, pshape, index)
 
-    norm = pointwise(lambda v, m, s: (v - m) * L.rsqrt(s + eps), [x, per_element(mu), per_element(var)], cdt,
-                     node.name + "_norm")
-    return _affine(node, norm, gamma, beta, [ca])
+    # y = x * scale + shift, with scale = rsqrt(var + eps) * gamma and shift = beta - mean * scale
+    # realized once per channel (as PyTorch's CPU kernel does): the pass over x is one
+    # multiply-add an element, which counts where an activation after it makes it compute-bound
+    scaled, centered = bool(node.attr("scale", True)), bool(node.attr("center", True))
+    rstd = pointwise(lambda s: L.rsqrt(s + eps), [per_channel(var)], cdt, node.name + "_rstd")
+    scale = node.kb.realize(pointwise(lambda r, g: r * g, [rstd, along(gamma, x.ndim, [ca], pshape)], cdt,
+                                      node.name + "_scale") if scaled else rstd)
+    shift = (pointwise(lambda m, sc, b: b - m * sc, [per_channel(mu), scale, along(beta, x.ndim, [ca], pshape)],
+                       cdt, node.name + "_shift") if centered else
+             pointwise(lambda m, sc: -(m * sc), [per_channel(mu), scale], cdt, node.name + "_shift"))
+    shift = node.kb.realize(shift)
+    return pointwise(lambda v, sc, sh: v * sc + sh, [x, scale, shift], node.out_dtype, node.name)
 
 
 @register_op("relax.nn.rms_norm", OpPattern.OUT_EWISE_FUSABLE)
