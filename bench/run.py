@@ -65,6 +65,7 @@ import tvm_ext  # noqa: E402
 from relay_passes.autofuse import AutoFuse  # noqa: E402
 from tvm_ext.baselines import call_as_users_do, tvm_default_build, tvm_fused_kernel_count  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
+from tvm_ext.target import cpu_target  # noqa: E402
 from tvm_ext.tuning import same_kernels  # noqa: E402
 
 
@@ -210,10 +211,10 @@ VARIANTS = {
 
 
 def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True,
-              tune_trials: int = 0, tuning_db: str | None = None) -> dict:
+              tune_trials: int = 0, tuning_db: str | None = None, mcpu: str | None = None) -> dict:
     module, x = workload.make()
     module.eval()
-    target = tvm_ext.host_target()
+    target = cpu_target(mcpu) if mcpu else tvm_ext.host_target()
     t0 = time.perf_counter()
     imported = from_torch(module, (x,))
     import_s = time.perf_counter() - t0  # torch.export and TVM's importer: part of a user's compile
@@ -355,6 +356,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-onnxruntime", action="store_true", help="skip ONNX Runtime")
     parser.add_argument("--tune", type=int, default=0, metavar="N", help="tune each workload with N trials first")
     parser.add_argument("--tuning-db", default="bench_results/tuning.jsonl", help="records for --tune")
+    parser.add_argument("--mcpu", help="build ours (and TVM's) for this LLVM CPU instead of the host's, one the host "
+                        "can run: haswell gives AVX2 code on an AVX-512 host")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(THREADS))
@@ -371,7 +374,8 @@ def main(argv=None) -> int:
         print(f"unknown fusion {bad}; choose from {list(VARIANTS)}", file=sys.stderr)
         return 2
     repeat = args.repeat or (3 if args.quick else 9)
-    print(f"threads {THREADS}, repeat {repeat}, torch {torch.__version__}, tvm {tvm.__version__}")
+    print(f"threads {THREADS}, repeat {repeat}, torch {torch.__version__}, tvm {tvm.__version__}"
+          + (f", ours built for mcpu={args.mcpu}" if args.mcpu else ""))
     cols = " ".join(f"{f[:9]:>9s}" for f in fusions)
     print("every system timed as its users call it (tvm_ext and TVM: numpy in, numpy out; ORT: sess.run; "
           "PyTorch: the module call); 'kernel' is tvm_ext's best strategy without the call, 'call/k' the median"
@@ -382,7 +386,7 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile, not args.no_onnxruntime,
-                        args.tune, args.tuning_db)
+                        args.tune, args.tuning_db, args.mcpu)
         rows.append(row)
         ours = " ".join(f"{row['ours_ms'][f]:9.3f}" for f in fusions)
         kernels = "/".join(str(row["kernels"][f]) for f in fusions) + f"/{row['tvm_fused_kernels']}"
@@ -423,7 +427,7 @@ def main(argv=None) -> int:
                  f"geomean {geo('rebuilt_vs_untuned'):.2f}x" if control else ""))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": int(THREADS), "repeat": repeat, "fusions": fusions, "tune_trials": args.tune,
+            json.dump({"threads": int(THREADS), "repeat": repeat, "fusions": fusions, "tune_trials": args.tune, "mcpu": args.mcpu,
                        "rows": rows, "geomean_vs_tvm": per_fusion}, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1
 

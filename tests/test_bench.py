@@ -56,3 +56,19 @@ def test_every_workload_builds_its_module_and_input():
         module, x = workload.make()
         with torch.no_grad():
             assert module.eval()(x).shape[0] == x.shape[0], name
+
+
+def test_bench_tunes_against_a_second_build_for_another_cpu(tmp_path):
+    # --tune times the tuned build against the untuned one, and a second untuned build as the
+    # control; --mcpu haswell builds AVX2 code, which both CPU kinds we run on (AVX-512, Zen 3) execute
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, str(BENCH), "--quick", "--models", "elementwise_chain", "--fusion", "autofuse",
+                          "--repeat", "1", "--no-torch-compile", "--no-onnxruntime", "--tune", "2", "--mcpu", "haswell",
+                          "--tuning-db", str(tmp_path / "db.jsonl"), "--json", str(out_json)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "mcpu=haswell" in out.stdout and "a second untuned build" in out.stdout
+    result = json.loads(out_json.read_text())
+    (row,) = result["rows"]
+    assert result["mcpu"] == "haswell" and row["ok"]
+    assert row["tuned_ms"] > 0 and row["tuned_vs_untuned"] > 0 and row["rebuilt_vs_untuned"] > 0
