@@ -145,6 +145,22 @@ def test_nan_inf_and_sign_agree_with_pytorch(op, fusion):
     np.testing.assert_allclose(got[~special], want[~special], rtol=2.4e-7, atol=0)
 
 
+class _MaxChain(torch.nn.Module):
+    def forward(self, a, b):
+        for _ in range(6):
+            a = torch.clamp(torch.maximum(a * 1.5, b), -8.0, 8.0)
+        return a
+
+
+def test_a_chain_of_nan_propagating_maxima_agrees_with_pytorch():
+    # each maximum reads its first argument four times; nested as a tree, six of them compiled
+    # for minutes: they are bound as Lets (tests/test_loop_ir.py counts the reads)
+    a, b = torch.tensor(_SPECIAL_X * 3), torch.tensor(_SPECIAL_Y[::-1] * 3)
+    module = _MaxChain()
+    got = tvm_ext.compile(module, (a, b), strict=True)(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(got, module(a, b).numpy())  # NaN at NaN: array_equal's rule
+
+
 # ---- long sums accumulate in blocks (tvm_ext.lowering.SUM_BLOCK elements a partial)
 def _sum_model(shape, axes=None, keepdims=False, op="sum"):
     return tvm_ext.compile(build_module(lambda x: getattr(R, op)(x, axis=axes, keepdims=keepdims),

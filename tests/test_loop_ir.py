@@ -176,6 +176,24 @@ def test_inlined_size_counts_every_use_of_a_shared_node():
     assert L.inlined_size(s * s) == 7
 
 
+def test_nested_maxima_grow_linearly():
+    # maximum(x, y) propagates NaN. As select(isnan(a), a, select(a > b, a, b)) it read a four
+    # times: five nested held 4^5 copies of x inside selects on its bits, and TVM took 66 s to
+    # compile that kernel; six, clamped between, over 200 s. LLVM's maximum reads each once.
+    x, y = (L.Buffer(n, (4,), "float32") for n in "xy")
+    for b in (x, y):
+        b.tensor = te.placeholder((4,), "float32", name=b.name)
+    e, sizes = L.Load(x, (0,)), []
+    for _ in range(6):
+        e = L.minimum(L.maximum(L.maximum(e * 1.1, L.Load(y, (0,))), -8.0), 8.0)
+        sizes.append(L.inlined_size(e))
+        assert sizes[-1] == L.tir_inlined_size(L.to_te(e))
+    # worked by hand: a level adds multiply(e, 1.1) (2 nodes: *, 1.1), three calls of an
+    # intrinsic (the call and its id: 2 each), y's load (1) and the numbers -8 and 8: 11
+    assert [b - a for a, b in zip(sizes, sizes[1:])] == [11] * 5, sizes
+    assert str(L.to_te(e)).count("llvm.maximum") == 12
+
+
 @pytest.mark.parametrize("form", ["exp", "log", "tanh", "erf", "sigmoid"])
 def test_inlined_size_matches_the_translated_tir(form):
     # Loop IR's estimate (per-op profiles) equals a direct count of the TIR to_te makes, Lets

@@ -255,7 +255,8 @@ def inlined_size(expr: LoopExpr, exact_math: bool = False) -> int:
             continue
         child = [sizes[id(c)] for c in node.children()]
         if isinstance(node, Compute):
-            own, uses = _op_profile(node.op, tuple(a.dtype for a in node.args), _is_fast(node, exact_math))
+            own, uses = _op_profile(node.op, tuple(a.dtype for a in node.args), _is_fast(node, exact_math),
+                                    _constants(node))
             sizes[id(node)] = own + sum(u * c for u, c in zip(uses, child))
         else:
             sizes[id(node)] = 1 + sum(child)
@@ -265,17 +266,25 @@ def inlined_size(expr: LoopExpr, exact_math: bool = False) -> int:
 _PROFILES: dict[tuple, tuple[int, tuple[int, ...]]] = {}
 
 
-def _op_profile(op: str, dtypes: tuple[str, ...], fast: bool) -> tuple[int, tuple[int, ...]]:
+def _op_profile(op: str, dtypes: tuple[str, ...], fast: bool,
+                constants: tuple = ()) -> tuple[int, tuple[int, ...]]:
     """(nodes of the op's own TIR, how often it reads each argument), Lets substituted, from
-    translating the op once on variables."""
-    key = (op, dtypes, fast)
+    translating the op once on variables, or on the numbers ``constants`` gives (None for a
+    variable): ``maximum(x, 0)`` reads x twice, ``maximum(x, y)`` four times."""
+    constants = constants or (None,) * len(dtypes)
+    key = (op, dtypes, fast, tuple(repr(c) for c in constants))  # repr: NaN equal to itself
     if key not in _PROFILES:
         spec = SCALAR_OPS[op]
-        args = [tirx.Var(f"a{i}", d) for i, d in enumerate(dtypes)]
+        args = [tirx.Var(f"a{i}", d) if c is None else tirx.const(c, d)
+                for i, (d, c) in enumerate(zip(dtypes, constants))]
         expr = spec.te_fast(*args, let=True) if fast else spec.te_fn(*args)
         size, uses = _te_inlined(expr, args)
         _PROFILES[key] = (size - sum(uses), tuple(uses))
     return _PROFILES[key]
+
+
+def _constants(node: Compute) -> tuple:
+    return tuple(a.value if isinstance(a, Const) else None for a in node.args)
 
 
 def tir_inlined_size(expr: PrimExpr) -> int:
@@ -432,17 +441,21 @@ def _trunc_mod(a, b):
 @_binds_lets
 def _maximum(a, b):
     """max that returns NaN when either operand is NaN, as PyTorch does (a compare-select, or
-    x86's maxps, returns the other operand for one of them)."""
+    x86's maxps, returns the other operand for one of them): LLVM's ``llvm.maximum`` (IEEE
+    754-2019: NaN if either is, +0 over -0), which reads each operand once. A select on the
+    first operand's bits read it four times, and maxima nested as a tree (a chain of clamps)
+    grew fourfold a level: six took minutes to compile. Against a number it is one vmaxps
+    (a NaN fix-up more for 0)."""
     if not is_float(dtype_of(a)):
         return tirx.Max(a, b)
-    return tirx.Select(float_class.isnan(a), a, tirx.Select(a > b, a, b))  # b NaN: a > b fails: b
+    return tirx.call_llvm_pure_intrin(dtype_of(a), "llvm.maximum", a, b)
 
 
 @_binds_lets
 def _minimum(a, b):
     if not is_float(dtype_of(a)):
         return tirx.Min(a, b)
-    return tirx.Select(float_class.isnan(a), a, tirx.Select(a < b, a, b))
+    return tirx.call_llvm_pure_intrin(dtype_of(a), "llvm.minimum", a, b)
 
 
 @_binds_lets
@@ -696,7 +709,10 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
         spec = SCALAR_OPS[node.op]
         if _is_fast(node, exact_math):  # its Lets only outside reduction bodies
             return spec.te_fast(*[tr(a) for a in node.args], let=let)
-        return spec.te_fn(*[tr(a) for a in node.args])
+        args = [tr(a) for a in node.args]
+        if not let:
+            return spec.te_fn(*args)
+        return _bind_reread(node, args, spec.te_fn)
     if isinstance(node, Select):
         cond, t, f = tr(node.cond), tr(node.true_value), tr(node.false_value)
         return tirx.if_then_else(cond, t, f) if node.guarded else tirx.Select(cond, t, f)
@@ -712,6 +728,26 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
             return te.min(body, axis=axes)
         return _PROD(body, axis=axes)
     raise TypeError(f"cannot translate {type(node).__name__} to TE")
+
+
+def _bind_reread(node: Compute, args: list[PrimExpr], te_fn: Callable[..., PrimExpr]) -> PrimExpr:
+    """``te_fn(*args)`` with each float argument it reads more than once bound to a ``Let``
+    first, unless it is a variable, a number or a load. A NaN-propagating ``maximum`` reads its
+    first argument four times, in the branches of selects on its bits: five nested in one
+    another as a tree took 66 s to compile, 0.15 s as Lets. Integers (a load's index, which
+    stays free of Lets) are left as they are."""
+    uses = _op_profile(node.op, tuple(a.dtype for a in node.args), False, _constants(node))[1]
+    lets = []
+    for i, (a, n) in enumerate(zip(args, uses)):
+        if n > 1 and is_float(dtype_of(a)) and not (
+                isinstance(a, (tirx.Var, tirx.IntImm, tirx.FloatImm)) or _is_load(a)):
+            var = tirx.Var(f"arg{i}", dtype_of(a))
+            lets.append((var, a))
+            args[i] = var
+    out = te_fn(*args)
+    for var, value in reversed(lets):
+        out = tirx.Let(var, value, out)
+    return out
 
 
 def _is_fast(node: LoopExpr, exact_math: bool) -> bool:
