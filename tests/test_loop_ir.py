@@ -194,6 +194,18 @@ def test_nested_maxima_grow_linearly():
     assert str(L.to_te(e)).count("llvm.maximum") == 12
 
 
+def test_inlined_size_profiles_an_op_on_its_numbers():
+    # power(x, 0.5) given as a number is sqrt(x): the call and x, 2 nodes; power(x, y) guards a
+    # negative base with a fractional exponent and reads each operand three times
+    x, y = (L.Buffer(n, (4,), "float32") for n in "xy")
+    for b in (x, y):
+        b.tensor = te.placeholder((4,), "float32", name=b.name)
+    root = L.power(L.Load(x, (0,)), 0.5)
+    general = L.power(L.Load(x, (0,)), L.Load(y, (0,)))
+    assert L.inlined_size(root) == L.tir_inlined_size(L.to_te(root)) == 2
+    assert L.inlined_size(general) == L.tir_inlined_size(L.to_te(general)) > 2 + 3 + 3
+
+
 @pytest.mark.parametrize("form", ["exp", "log", "tanh", "erf", "sigmoid"])
 def test_inlined_size_matches_the_translated_tir(form):
     # Loop IR's estimate (per-op profiles) equals a direct count of the TIR to_te makes, Lets

@@ -270,7 +270,7 @@ def _op_profile(op: str, dtypes: tuple[str, ...], fast: bool,
                 constants: tuple = ()) -> tuple[int, tuple[int, ...]]:
     """(nodes of the op's own TIR, how often it reads each argument), Lets substituted, from
     translating the op once on variables, or on the numbers ``constants`` gives (None for a
-    variable): ``maximum(x, 0)`` reads x twice, ``maximum(x, y)`` four times."""
+    variable): ``power(x, 0.5)`` is a square root that reads x once, ``power(x, y)`` thrice."""
     constants = constants or (None,) * len(dtypes)
     key = (op, dtypes, fast, tuple(repr(c) for c in constants))  # repr: NaN equal to itself
     if key not in _PROFILES:
@@ -709,10 +709,7 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
         spec = SCALAR_OPS[node.op]
         if _is_fast(node, exact_math):  # its Lets only outside reduction bodies
             return spec.te_fast(*[tr(a) for a in node.args], let=let)
-        args = [tr(a) for a in node.args]
-        if not let:
-            return spec.te_fn(*args)
-        return _bind_reread(node, args, spec.te_fn)
+        return spec.te_fn(*[tr(a) for a in node.args])
     if isinstance(node, Select):
         cond, t, f = tr(node.cond), tr(node.true_value), tr(node.false_value)
         return tirx.if_then_else(cond, t, f) if node.guarded else tirx.Select(cond, t, f)
@@ -728,26 +725,6 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
             return te.min(body, axis=axes)
         return _PROD(body, axis=axes)
     raise TypeError(f"cannot translate {type(node).__name__} to TE")
-
-
-def _bind_reread(node: Compute, args: list[PrimExpr], te_fn: Callable[..., PrimExpr]) -> PrimExpr:
-    """``te_fn(*args)`` with each float argument it reads more than once bound to a ``Let``
-    first, unless it is a variable, a number or a load. A NaN-propagating ``maximum`` reads its
-    first argument four times, in the branches of selects on its bits: five nested in one
-    another as a tree took 66 s to compile, 0.15 s as Lets. Integers (a load's index, which
-    stays free of Lets) are left as they are."""
-    uses = _op_profile(node.op, tuple(a.dtype for a in node.args), False, _constants(node))[1]
-    lets = []
-    for i, (a, n) in enumerate(zip(args, uses)):
-        if n > 1 and is_float(dtype_of(a)) and not (
-                isinstance(a, (tirx.Var, tirx.IntImm, tirx.FloatImm)) or _is_load(a)):
-            var = tirx.Var(f"arg{i}", dtype_of(a))
-            lets.append((var, a))
-            args[i] = var
-    out = te_fn(*args)
-    for var, value in reversed(lets):
-        out = tirx.Let(var, value, out)
-    return out
 
 
 def _is_fast(node: LoopExpr, exact_math: bool) -> bool:
