@@ -438,7 +438,6 @@ def _trunc_mod(a, b):
     return tirx.call_pure_extern(dtype, {"float32": "fmodf", "float64": "fmod"}[dtype], a, b)
 
 
-@_binds_lets
 def _maximum(a, b):
     """max that returns NaN when either operand is NaN, as PyTorch does (a compare-select, or
     x86's maxps, returns the other operand for one of them): LLVM's ``llvm.maximum`` (IEEE
@@ -451,7 +450,6 @@ def _maximum(a, b):
     return tirx.call_llvm_pure_intrin(dtype_of(a), "llvm.maximum", a, b)
 
 
-@_binds_lets
 def _minimum(a, b):
     if not is_float(dtype_of(a)):
         return tirx.Min(a, b)
