@@ -324,9 +324,13 @@ class Tuner:
         """Retrain the model for ``task``: its own samples, plus similar tasks' once the judge has
         found them better than chance on the task's own first measurements."""
         own = self._own(task)
-        warm = self._similar(task, len(own)) if self._start.get(task.key, "").startswith("warm") else []
+        warm = self._similar(task, len(own)) if self._transfers(task) else []
         self.model = CostModel(seed=self.options.seed)
         self.model.fit(own + warm)
+
+    def _transfers(self, task: Task) -> bool:
+        """Whether similar tasks' samples join ``task``'s model: once the judge kept them."""
+        return self._start.get(task.key, "").startswith("warm")
 
     def _judge(self, task: Task) -> None:
         """Once the task has ``judge_after`` measurements of distinct times, score them with a model
@@ -362,7 +366,7 @@ class Tuner:
     def quality(self, k: int = 3, seed: int = 0) -> dict:
         """The model's accuracy on held-out measured candidates: for each task with enough
         successful records, train as the tuner does (half of its own records, plus the similar
-        tasks' unless it went cold) and score the other half."""
+        tasks' where the judge kept them) and score the other half."""
         rng = random.Random(seed)
         accs, tops, pairs = [], [], 0
         for task in self.tasks:
@@ -371,7 +375,7 @@ class Tuner:
                 continue
             rng.shuffle(ok)
             held, train = ok[:len(ok) // 2], ok[len(ok) // 2:]
-            if not self._start.get(task.key, "").startswith("cold"):
+            if self._transfers(task):
                 train += self._similar(task, len(train))
             model = CostModel(seed=seed)
             model.fit(train)

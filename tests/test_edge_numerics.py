@@ -153,8 +153,9 @@ class _MaxChain(torch.nn.Module):
 
 
 def test_a_chain_of_nan_propagating_maxima_agrees_with_pytorch():
-    # each maximum reads its first argument four times; nested as a tree, six of them compiled
-    # for minutes: they are bound as Lets (tests/test_loop_ir.py counts the reads)
+    # as selects on their bits, each maximum read its first argument four times and six of
+    # them nested compiled for minutes; LLVM's llvm.maximum reads it once (tests/test_loop_ir.py
+    # counts the nodes)
     a, b = torch.tensor(_SPECIAL_X * 3), torch.tensor(_SPECIAL_Y[::-1] * 3)
     module = _MaxChain()
     got = tvm_ext.compile(module, (a, b), strict=True)(a.numpy(), b.numpy())
