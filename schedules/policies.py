@@ -398,14 +398,17 @@ class RegisterTiledAnchor(Policy):
         knobs["epilogue"] = fuse_epilogue
         knobs["k_unroll"] = 4
         # about 256 accumulators (16 AVX-512 registers): 8 rows of a 32-wide tile (measured best
-        # at 1024: 111 GFLOP/s, against 69 for 4 rows)
+        # at 1024: 111 GFLOP/s, against 69 for 4 rows), as many rows as the registers hold with
+        # the row of B and a broadcast: AVX2's 16 take 6 rows of 2 vectors (matmul 768^3 built
+        # for znver3 on a Zen 4: 8 rows 121, 6 rows 226 GFLOP/s; 1024^3, 8 -> 4 rows: 110 -> 187)
+        lanes = info.lanes(self.machine)
+        vectors_j = max(1, knobs["tile_j"] // lanes)
         want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
-        knobs["tile_i"] = min(space["tile_i"], key=lambda t: (abs(t - want), -t))
+        rows = [t for t in space["tile_i"] if (t + 1) * vectors_j + 1 <= self.machine.vector_registers]
+        knobs["tile_i"] = min(rows or [min(space["tile_i"])], key=lambda t: (abs(t - want), -t))
         # steps of the reuse axis (a blocked conv's output-channel blocks) join the tile while
         # the accumulators, the vector operand's loads and a broadcast fit in the registers:
         # a 3x3 conv 32->32 at 56x56 on a Zen 5, 8 x 16 -> 2 x 8 x 16: 358 -> 453 GFLOP/s
-        lanes = info.lanes(self.machine)
-        vectors_j = max(1, knobs["tile_j"] // lanes)
         fits = [b for b in space["tile_b"]
                 if b * vectors_j * (knobs["tile_i"] + 1) + 1 <= self.machine.vector_registers]
         knobs["tile_b"] = max(fits, default=1)
