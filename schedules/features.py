@@ -28,7 +28,6 @@ from tvm_ext.machine import Machine
 _POLICY_NAMES = [p.name for p in POLICIES]
 _KNOBS = list(dict.fromkeys(k for p in reversed(POLICIES) for k in p.KNOBS))  # as the policies declare them,
 # the simplest policy first: vector, unroll, tile, chunks, tile_i ... (the order records' features were written in)
-_REGISTER_FILE = 32 * 64  # bytes: 32 AVX-512 registers
 _KINDS = ("anchor", "row_reduce", "elementwise")  # what a block is, for the per-kind choices
 _SLOTS = 4  # the first blocks of a kernel, each described on its own
 PER_STORE_LENGTH = 2 * 164  # PerStoreFeature's 164 numbers per store, summed and maxed
@@ -107,7 +106,7 @@ def candidate_features(result: ScheduleResult, machine: Machine) -> np.ndarray:
     k = (knobs.get("k_block") or (anchor.reduce[-1] if anchor else 0)) if anchor else 0
     reg = tile_i * tile_j * dtype_bytes
     f["reg_tile_bytes"] = math.log2(1 + reg)
-    f["reg_fill"] = reg / _REGISTER_FILE
+    f["reg_fill"] = reg / (machine.vector_registers * machine.vector_bytes)  # over the register file
     f["panel_l1"] = k * tile_j * dtype_bytes / machine.l1_bytes
     f["rows_l1"] = k * tile_i * dtype_bytes / machine.l1_bytes
     f["chunk_l2"] = nbytes / cores_used / machine.l2_bytes

@@ -430,6 +430,23 @@ def test_features_are_relative_to_the_machine(tasks):
         assert wide["log_vector"] == a["log_vector"] and wide["split_waste"] == a["split_waste"]
 
 
+def test_the_register_tiles_fill_is_over_the_machines_register_file():
+    # a 1024 x 256 x 1024 matmul's default tiles: AVX-512, 8 rows x 32 floats = 1 KiB of 32 x 64 B;
+    # AVX2, 4 rows x 16 floats = 256 B of 16 x 32 B: half the register file on both
+    import tvm
+    from tvm import te
+
+    from schedules import Machine, schedule_kernel
+
+    A, B = te.placeholder((1024, 256), "float32", name="A"), te.placeholder((256, 1024), "float32", name="B")
+    k = te.reduce_axis((0, 256), name="k")
+    func = te.create_prim_func([A, B, te.compute((1024, 1024), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k))])
+    for mcpu in ("skylake-avx512", "znver3"):
+        machine = Machine.for_target(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+        feats = dict(zip(NAMES, candidate_features(schedule_kernel(func, machine), machine)))
+        assert feats["reg_fill"] == pytest.approx(0.5), mcpu
+
+
 @pytest.mark.parametrize("lead, applied", [(0.01, False), (0.10, True)])
 def test_a_record_replaces_the_heuristic_only_when_it_is_clearly_faster(tasks, tmp_path, lead, applied):
     from schedules.database import TuningRecord
