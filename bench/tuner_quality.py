@@ -2,7 +2,9 @@
 
     python bench/tuner_quality.py --db bench_results/exhaustive.jsonl --json quality.json
 
-1. Every candidate of each task is measured once (recorded in ``--db``; a rerun continues).
+1. Every candidate of each task is measured (recorded in ``--db``; a rerun continues); as
+   the tuner does, one whose repeats spread by more than 20% is measured again, and the 8
+   fastest twice more side by side, so that the best is not one lucky measurement.
 2. The tuner is replayed on each task with those measurements as its measurer (the same
    loop as a real run: the heuristic first, then batches ranked by the cost model plus
    exploration), for several seeds: how many trials until it holds a candidate within 95%
@@ -40,9 +42,10 @@ from tvm import relax  # noqa: E402
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality  # noqa: E402
 from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
 from schedules.features import candidate_features, per_store_features  # noqa: E402
+from schedules.history import pooled_times  # noqa: E402
 from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
 from schedules.tasks import Task  # noqa: E402
-from schedules.tuner import TuneOptions, Tuner, transfer_weights  # noqa: E402
+from schedules.tuner import TuneOptions, Tuner, spread_of, transfer_weights  # noqa: E402
 from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
 
 R = relax.op
@@ -89,23 +92,53 @@ def workloads(quick: bool) -> dict[str, tvm.IRModule]:
 
 
 # ---------------------------------------------------------------------- 1. exhaustive
-def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: int = 16) -> dict[str, float]:
-    """Measure every candidate not yet in ``db``; return candidate key -> median ms."""
+def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: int = 16,
+               noisy: float = TuneOptions.noisy, top: int = 8, rounds: int = 2) -> dict[str, float]:
+    """Measure every candidate not yet in ``db``, then as the tuner does: once more those whose
+    repeats spread by more than ``noisy``, and the ``top`` fastest side by side in ``rounds``
+    more batches. Return candidate key -> median ms over all its records (inf: it failed), so
+    the reference best is not one lucky measurement."""
     space = enumerate_space(task.func, task.machine, limit=100_000)
-    done = {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}
-    todo = [(c, r) for c, r in space if candidate_key(c) not in done]
+    by_key = {candidate_key(c): (c, r) for c, r in space}
+    todo = [k for k in by_key if k not in {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}]
     t0 = time.perf_counter()
     for i in range(0, len(todo), batch):
-        chunk = todo[i:i + batch]
-        for (c, r), (times, error) in zip(chunk, measurer(task, [r for _, r in chunk])):
-            feats = [float(x) for x in candidate_features(r, task.machine)]
-            db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c},
-                                   times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name,
-                                   cpu=task.machine.cpu, vector_bits=task.machine.vector_bits,
-                                   kernel_class=task.kernel_class))
+        _measure(task, db, measurer, [by_key[k] for k in todo[i:i + batch]])
         print(f"  {task.name}: {min(i + batch, len(todo))}/{len(todo)} measured "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    return {candidate_key(r.candidate["steps"]): r.median_ms for r in db.records(task.key, task.target)}
+    if todo:  # a rerun that measured nothing new adds nothing
+        pooled = _pooled_times(db.records(task.key, task.target))
+        again = [k for k, t in pooled.items() if k in by_key and spread_of(t) > noisy]
+        for i in range(0, len(again), batch):
+            _measure(task, db, measurer, [by_key[k] for k in again[i:i + batch]])
+        for _ in range(rounds):
+            pooled = _pooled_times(db.records(task.key, task.target))
+            _measure(task, db, measurer, [by_key[k] for k in sorted(pooled, key=lambda k: statistics.median(pooled[k]))
+                                          if k in by_key][:top])
+        print(f"  {task.name}: {len(again)} noisy candidates measured again, the {top} fastest {rounds} times more",
+              file=sys.stderr)
+    pooled = _pooled_times(db.records(task.key, task.target))
+    keys = {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}
+    return {k: statistics.median(pooled[k]) if k in pooled else math.inf for k in keys}
+
+
+def _measure(task: Task, db: TuningDatabase, measurer: KernelMeasurer, entries: list) -> None:
+    """Measure (candidate, ScheduleResult) pairs in one batch, recording each."""
+    for (c, r), (times, error) in zip(entries, measurer(task, [r for _, r in entries])):
+        feats = [float(x) for x in candidate_features(r, task.machine)]
+        db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c},
+                               times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name,
+                               cpu=task.machine.cpu, vector_bits=task.machine.vector_bits,
+                               kernel_class=task.kernel_class))
+
+
+def _pooled_times(records: list[TuningRecord]) -> dict[str, list[float]]:
+    """candidate key -> every time recorded for it (failures left out)."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.ok and r.times_ms:
+            out.setdefault(candidate_key(r.candidate["steps"]), []).extend(r.times_ms)
+    return out
 
 
 # ---------------------------------------------------------------------- 2. replayed tuning
@@ -185,16 +218,15 @@ def held_out_quality(samples: dict[str, list[Sample]], k: int = 3, seeds: int = 
 
 
 def fresh_samples(task: Task, db: TuningDatabase, per_store: bool = False) -> list[Sample]:
-    """A sample per successful record of ``task``, its features computed from its candidate now."""
+    """A sample per successfully measured candidate of ``task`` (its time the median of all its
+    records), its features computed from the candidate now."""
     out = []
-    for r in db.records(task.key, task.target):
-        if not r.ok:
-            continue
-        result = apply_candidate(task.func, task.machine, r.candidate["steps"], task.name)
+    for steps, ms in pooled_times(db.records(task.key, task.target)).values():
+        result = apply_candidate(task.func, task.machine, steps, task.name)
         feats = candidate_features(result, task.machine)
         if per_store:
             feats = np.concatenate([feats, per_store_features(result, tvm.target.Target(task.target))])
-        out.append(Sample(task.key, feats, r.median_ms, 1.0, task.kernel_class))
+        out.append(Sample(task.key, feats, ms, 1.0, task.kernel_class))
     return out
 
 

@@ -256,7 +256,7 @@ class Tuner:
                 o.failures += 1
             elif times:
                 times_of[i] = list(times)
-        noisy = [i for i, t in times_of.items() if _spread_of(t) > self.options.noisy]
+        noisy = [i for i, t in times_of.items() if spread_of(t) > self.options.noisy]
         if noisy:
             for i, (times, error) in zip(noisy, self.measure(task, [entries[i][1] for i in noisy])):
                 c, r = entries[i]
@@ -407,7 +407,8 @@ def likeness(a: np.ndarray, b: np.ndarray) -> float:
     return float(2 ** (-(abs(a[i] - b[i]) + abs(a[j] - b[j])) / 4))
 
 
-def _spread_of(times: list[float]) -> float:
+def spread_of(times: list[float]) -> float:
+    """(max - min) / median: how far a candidate's repeated times disagree."""
     med = statistics.median(times)
     return (max(times) - min(times)) / med if med > 0 else 0.0
 
@@ -418,7 +419,7 @@ def _spread(records: list[TuningRecord], candidate: Candidate | None) -> float:
         return float("nan")
     key = candidate_key(candidate)
     times = [t for r in records if r.ok and candidate_key(r.candidate["steps"]) == key for t in r.times_ms]
-    return _spread_of(times) if times else float("nan")
+    return spread_of(times) if times else float("nan")
 
 
 def _traits(candidate: Candidate) -> set:
