@@ -42,7 +42,7 @@ from tvm import relax  # noqa: E402
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality  # noqa: E402
 from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
 from schedules.features import candidate_features, per_store_features  # noqa: E402
-from schedules.history import pooled_times  # noqa: E402
+from schedules.history import pooled_times, recorded_times  # noqa: E402
 from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
 from schedules.tasks import Task  # noqa: E402
 from schedules.tuner import TuneOptions, Tuner, spread_of, transfer_weights  # noqa: E402
@@ -107,19 +107,23 @@ def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: 
         print(f"  {task.name}: {min(i + batch, len(todo))}/{len(todo)} measured "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     if todo:  # a rerun that measured nothing new adds nothing
-        pooled = _pooled_times(db.records(task.key, task.target))
+        pooled = _times(db.records(task.key, task.target))
         again = [k for k, t in pooled.items() if k in by_key and spread_of(t) > noisy]
         for i in range(0, len(again), batch):
             _measure(task, db, measurer, [by_key[k] for k in again[i:i + batch]])
         for _ in range(rounds):
-            pooled = _pooled_times(db.records(task.key, task.target))
+            pooled = _times(db.records(task.key, task.target))
             _measure(task, db, measurer, [by_key[k] for k in sorted(pooled, key=lambda k: statistics.median(pooled[k]))
                                           if k in by_key][:top])
         print(f"  {task.name}: {len(again)} noisy candidates measured again, the {top} fastest {rounds} times more",
               file=sys.stderr)
-    pooled = _pooled_times(db.records(task.key, task.target))
+    pooled = _times(db.records(task.key, task.target))
     keys = {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}
     return {k: statistics.median(pooled[k]) if k in pooled else math.inf for k in keys}
+
+
+def _times(records: list[TuningRecord]) -> dict[str, list[float]]:
+    return {k: t for k, (_, t) in recorded_times(records).items()}
 
 
 def _measure(task: Task, db: TuningDatabase, measurer: KernelMeasurer, entries: list) -> None:
@@ -130,15 +134,6 @@ def _measure(task: Task, db: TuningDatabase, measurer: KernelMeasurer, entries: 
                                times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name,
                                cpu=task.machine.cpu, vector_bits=task.machine.vector_bits,
                                kernel_class=task.kernel_class))
-
-
-def _pooled_times(records: list[TuningRecord]) -> dict[str, list[float]]:
-    """candidate key -> every time recorded for it (failures left out)."""
-    out: dict[str, list[float]] = {}
-    for r in records:
-        if r.ok and r.times_ms:
-            out.setdefault(candidate_key(r.candidate["steps"]), []).extend(r.times_ms)
-    return out
 
 
 # ---------------------------------------------------------------------- 2. replayed tuning

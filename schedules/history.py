@@ -22,16 +22,18 @@ from schedules.search_space import Candidate, candidate_key
 from schedules.tasks import kernel_key, target_key
 
 
-def pooled_times(records: list[TuningRecord]) -> dict[str, tuple[Candidate, float]]:
-    """candidate key -> (candidate, median of all its recorded times); failures left out."""
-    times: dict[str, list[float]] = {}
-    cands: dict[str, Candidate] = {}
+def recorded_times(records: list[TuningRecord]) -> dict[str, tuple[Candidate, list[float]]]:
+    """candidate key -> (candidate, every time recorded for it); failures left out."""
+    out: dict[str, tuple[Candidate, list[float]]] = {}
     for r in records:
         if r.ok and r.times_ms:
-            key = candidate_key(r.candidate["steps"])
-            times.setdefault(key, []).extend(r.times_ms)
-            cands[key] = r.candidate["steps"]
-    return {k: (cands[k], statistics.median(v)) for k, v in times.items()}
+            out.setdefault(candidate_key(r.candidate["steps"]), (r.candidate["steps"], []))[1].extend(r.times_ms)
+    return out
+
+
+def pooled_times(records: list[TuningRecord]) -> dict[str, tuple[Candidate, float]]:
+    """candidate key -> (candidate, median of all its recorded times); failures left out."""
+    return {k: (c, statistics.median(t)) for k, (c, t) in recorded_times(records).items()}
 
 
 def pooled_best(records: list[TuningRecord]) -> tuple[Candidate, float] | None:

@@ -36,7 +36,7 @@ import tvm_ffi
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
 from schedules.database import TuningDatabase, TuningRecord
 from schedules.features import NAMES, PER_STORE_LENGTH, candidate_features, per_store_features
-from schedules.history import pooled_best, pooled_ms, pooled_times
+from schedules.history import pooled_best, pooled_ms, pooled_times, recorded_times
 from schedules.search_space import (Candidate, apply_candidate, candidate_key, enumerate_space,
                                     heuristic_candidate, sample_space, space_bound)
 from schedules.tasks import Task
@@ -417,9 +417,8 @@ def _spread(records: list[TuningRecord], candidate: Candidate | None) -> float:
     """(max - min) / median over every time recorded for ``candidate``."""
     if candidate is None:
         return float("nan")
-    key = candidate_key(candidate)
-    times = [t for r in records if r.ok and candidate_key(r.candidate["steps"]) == key for t in r.times_ms]
-    return spread_of(times) if times else float("nan")
+    entry = recorded_times(records).get(candidate_key(candidate))
+    return spread_of(entry[1]) if entry else float("nan")
 
 
 def _traits(candidate: Candidate) -> set:
