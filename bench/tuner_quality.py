@@ -100,7 +100,8 @@ def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: 
     the reference best is not one lucky measurement."""
     space = enumerate_space(task.func, task.machine, limit=100_000)
     by_key = {candidate_key(c): (c, r) for c, r in space}
-    todo = [k for k in by_key if k not in {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}]
+    done = {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}
+    todo = [k for k in by_key if k not in done]
     t0 = time.perf_counter()
     for i in range(0, len(todo), batch):
         _measure(task, db, measurer, [by_key[k] for k in todo[i:i + batch]])
@@ -117,9 +118,8 @@ def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: 
                                           if k in by_key][:top])
         print(f"  {task.name}: {len(again)} noisy candidates measured again, the {top} fastest {rounds} times more",
               file=sys.stderr)
-    pooled = _times(db.records(task.key, task.target))
-    keys = {candidate_key(r.candidate["steps"]) for r in db.records(task.key, task.target)}
-    return {k: statistics.median(pooled[k]) if k in pooled else math.inf for k in keys}
+    pooled = pooled_times(db.records(task.key, task.target))
+    return {k: pooled[k][1] if k in pooled else math.inf for k in done | set(todo)}
 
 
 def _times(records: list[TuningRecord]) -> dict[str, list[float]]:
