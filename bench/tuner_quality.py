@@ -45,7 +45,7 @@ from schedules.features import candidate_features, per_store_features  # noqa: E
 from schedules.history import pooled_times, recorded_times  # noqa: E402
 from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
 from schedules.tasks import Task  # noqa: E402
-from schedules.tuner import TuneOptions, Tuner, spread_of, transfer_weights  # noqa: E402
+from schedules.tuner import TuneOptions, Tuner, spread_of, task_record, transfer_weights  # noqa: E402
 from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
 
 R = relax.op
@@ -129,11 +129,7 @@ def _times(records: list[TuningRecord]) -> dict[str, list[float]]:
 def _measure(task: Task, db: TuningDatabase, measurer: KernelMeasurer, entries: list) -> None:
     """Measure (candidate, ScheduleResult) pairs in one batch, recording each."""
     for (c, r), (times, error) in zip(entries, measurer(task, [r for _, r in entries])):
-        feats = [float(x) for x in candidate_features(r, task.machine)]
-        db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c},
-                               times_ms=[float(t) for t in times], error=error, features=feats, kernel=task.name,
-                               cpu=task.machine.cpu, vector_bits=task.machine.vector_bits,
-                               kernel_class=task.kernel_class))
+        db.append(task_record(task, c, times, error, candidate_features(r, task.machine)))
 
 
 # ---------------------------------------------------------------------- 2. replayed tuning

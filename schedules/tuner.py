@@ -274,11 +274,7 @@ class Tuner:
 
     def _record(self, task: Task, c: Candidate, times: list[float], error: str | None,
                 feats: np.ndarray | None = None) -> None:
-        machine = task.machine
-        self.db.append(TuningRecord(task=task.key, target=task.target, candidate={"steps": c}, times_ms=[float(t) for t in times],
-                                    error=error, features=None if feats is None else [float(x) for x in feats],
-                                    kernel=task.name, cpu=machine.cpu, vector_bits=machine.vector_bits,
-                                    kernel_class=task.kernel_class))
+        self.db.append(task_record(task, c, times, error, feats))
 
     def _records(self, task: Task) -> list[TuningRecord]:
         """The task's records measured on a machine like this task's (``TuningRecord.matches``)."""
@@ -392,6 +388,16 @@ class Tuner:
             return {}
         return {"tasks": len(accs), "pairs": pairs, "k": k, "pairwise_accuracy": float(np.mean(accs)),
                 "top_k_quality": float(np.mean(tops))}
+
+
+def task_record(task: Task, c: Candidate, times: list[float], error: str | None,
+                feats: np.ndarray | None = None) -> TuningRecord:
+    """The record of one measurement of ``c``, with the task's kernel and the machine that measured it."""
+    machine = task.machine
+    return TuningRecord(task=task.key, target=task.target, candidate={"steps": c}, times_ms=[float(t) for t in times],
+                        error=error, features=None if feats is None else [float(x) for x in feats],
+                        kernel=task.name, cpu=machine.cpu, vector_bits=machine.vector_bits,
+                        kernel_class=task.kernel_class)
 
 
 def transfer_weights(samples: list[Sample], here: np.ndarray, own: int) -> list[Sample]:
