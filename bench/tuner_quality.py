@@ -42,10 +42,10 @@ from tvm import relax  # noqa: E402
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality  # noqa: E402
 from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
 from schedules.features import candidate_features, per_store_features  # noqa: E402
-from schedules.history import pooled_times, recorded_times  # noqa: E402
+from schedules.history import pooled_times, recorded_times, spread_of  # noqa: E402
 from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
 from schedules.tasks import Task  # noqa: E402
-from schedules.tuner import TuneOptions, Tuner, spread_of, task_record, transfer_weights  # noqa: E402
+from schedules.tuner import TuneOptions, Tuner, task_record, transfer_weights  # noqa: E402
 from tvm_ext.tuning import KernelMeasurer, tasks_of  # noqa: E402
 
 R = relax.op

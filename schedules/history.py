@@ -1,8 +1,11 @@
 """The best measured schedules: the tuning database as a lookup for ScheduleKernels.
 
-A candidate's time is the median of every time recorded for it (a candidate the tuner
-measured again, to check it, has several records): one lucky measurement does not make a
-schedule the best, which the minimum over single records would let happen.
+A candidate's time is the median of every time recorded for it in its steady records (a
+candidate the tuner measured again, to check it, has several records): one lucky
+measurement does not make a schedule the best, which the minimum over single records would
+let happen. A record whose repeats spread by more than ``NOISY`` was taken while something
+else held the machine (its repeats here ran up to 20x the candidate's time): the tuner
+measures such a candidate again, and that record then counts no more.
 """
 from __future__ import annotations
 
@@ -22,17 +25,40 @@ from schedules.search_space import Candidate, candidate_key
 from schedules.tasks import kernel_key, target_key
 
 
-def recorded_times(records: list[TuningRecord]) -> dict[str, tuple[Candidate, list[float]]]:
-    """candidate key -> (candidate, every time recorded for it); failures left out."""
-    out: dict[str, tuple[Candidate, list[float]]] = {}
+#: A record whose repeats spread by more than this ((max - min) / median) is noisy.
+NOISY = 0.2
+
+
+def spread_of(times: list[float]) -> float:
+    """(max - min) / median: how far a candidate's repeated times disagree."""
+    med = statistics.median(times)
+    return (max(times) - min(times)) / med if med > 0 else 0.0
+
+
+def steady(records: list[TuningRecord], bound: float = NOISY) -> list[TuningRecord]:
+    """The successful records that count: of each candidate of each task, those whose repeats
+    spread by at most ``bound``, or all of its records when none does."""
+    by_key: dict[tuple[str, str], list[TuningRecord]] = {}
     for r in records:
         if r.ok and r.times_ms:
-            out.setdefault(candidate_key(r.candidate["steps"]), (r.candidate["steps"], []))[1].extend(r.times_ms)
+            by_key.setdefault((r.task, candidate_key(r.candidate["steps"])), []).append(r)
+    out = []
+    for rs in by_key.values():
+        kept = [r for r in rs if spread_of(r.times_ms) <= bound]
+        out += kept or rs
+    return out
+
+
+def recorded_times(records: list[TuningRecord]) -> dict[str, tuple[Candidate, list[float]]]:
+    """candidate key -> (candidate, every time of its steady records (``steady``)); failures left out."""
+    out: dict[str, tuple[Candidate, list[float]]] = {}
+    for r in steady(records):
+        out.setdefault(candidate_key(r.candidate["steps"]), (r.candidate["steps"], []))[1].extend(r.times_ms)
     return out
 
 
 def pooled_times(records: list[TuningRecord]) -> dict[str, tuple[Candidate, float]]:
-    """candidate key -> (candidate, median of all its recorded times); failures left out."""
+    """candidate key -> (candidate, median of its steady recorded times); failures left out."""
     return {k: (c, statistics.median(t)) for k, (c, t) in recorded_times(records).items()}
 
 

@@ -36,7 +36,7 @@ import tvm_ffi
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality
 from schedules.database import TuningDatabase, TuningRecord
 from schedules.features import NAMES, PER_STORE_LENGTH, candidate_features, per_store_features
-from schedules.history import pooled_best, pooled_ms, pooled_times, recorded_times
+from schedules.history import NOISY, pooled_best, pooled_ms, pooled_times, recorded_times, spread_of, steady
 from schedules.search_space import (Candidate, apply_candidate, candidate_key, enumerate_space,
                                     heuristic_candidate, sample_space, space_bound)
 from schedules.tasks import Task
@@ -59,7 +59,7 @@ class TuneOptions:
     seed: int = 0
     verify: bool = True  # re-measure the heuristic and the best side by side at the end
     per_store: bool = False  # add TVM's PerStoreFeature to the model's features
-    noisy: float = 0.2  # a candidate whose repeats spread more than this ((max - min) / median) is measured again
+    noisy: float = NOISY  # a candidate whose repeats spread more than this ((max - min) / median) is measured again
     judge_after: int = 4  # own measurements (of distinct times) before the warm start is checked
 
 
@@ -246,26 +246,27 @@ class Tuner:
     # ------------------------------------------------------------------ measuring and recording
     def _measure(self, o: TaskOutcome, entries: list[tuple[Candidate, object]]) -> int:
         """Measure (candidate, ScheduleResult) pairs, record them, update the task's best; those
-        whose repeats spread by more than ``options.noisy`` once more (their times pooled)."""
+        whose repeats spread by more than ``options.noisy`` once more (the steady measurement counts)."""
         task = o.task
         measured = self.measure(task, [r for _, r in entries]) if entries else []
-        times_of: dict[int, list[float]] = {}
+        times_of: dict[int, list[list[float]]] = {}
         for i, ((c, r), (times, error)) in enumerate(zip(entries, measured)):
             self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
             if error is not None:
                 o.failures += 1
             elif times:
-                times_of[i] = list(times)
-        noisy = [i for i, t in times_of.items() if spread_of(t) > self.options.noisy]
+                times_of[i] = [list(times)]
+        noisy = [i for i, t in times_of.items() if spread_of(t[0]) > self.options.noisy]
         if noisy:
             for i, (times, error) in zip(noisy, self.measure(task, [entries[i][1] for i in noisy])):
                 c, r = entries[i]
                 self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
-                if error is None:
-                    times_of[i] += times
+                if error is None and times:
+                    times_of[i].append(list(times))
             o.remeasured += len(noisy)
         for i, times in times_of.items():
-            ms = float(np.median(times))
+            kept = [t for t in times if spread_of(t) <= self.options.noisy] or times
+            ms = float(np.median([x for t in kept for x in t]))
             if ms < o.best_ms:
                 o.best_ms, o.best = ms, entries[i][0]
         o.trials += len(entries)
@@ -296,15 +297,16 @@ class Tuner:
         return self._features[(task.key, key)]
 
     def _own(self, task: Task) -> list[Sample]:
+        """The task's samples: its steady records (``history.steady``) and its failures."""
         return [Sample(task.key, np.asarray(r.features, dtype="float32"), r.median_ms, 1.0, task.kernel_class)
-                for r in self._records(task) if r.features is not None and len(r.features) == self._length]
+                for r in _counted(self._records(task)) if r.features is not None and len(r.features) == self._length]
 
     def _similar(self, task: Task, own: int) -> list[Sample]:
         """Other tasks' samples of the same kernel class, measured on this machine: the
         database's and the given ``transfer``, each weighted by the kernels' likeness and
         by ``8 / (8 + own)``, so that the task's own measurements take over as they come."""
-        records = [r for r in self._usable() if r.task != task.key and r.target == task.target
-                   and r.kernel_class == task.kernel_class and r.matches(task.machine)]
+        records = _counted([r for r in self._usable() if r.task != task.key and r.target == task.target
+                            and r.kernel_class == task.kernel_class and r.matches(task.machine)])
         samples = [Sample(r.task, np.asarray(r.features, dtype="float32"), r.median_ms, 1.0, r.kernel_class)
                    for r in records]
         samples += [s for s in self.transfer if s.task != task.key and s.kernel_class == task.kernel_class]
@@ -413,10 +415,9 @@ def likeness(a: np.ndarray, b: np.ndarray) -> float:
     return float(2 ** (-(abs(a[i] - b[i]) + abs(a[j] - b[j])) / 4))
 
 
-def spread_of(times: list[float]) -> float:
-    """(max - min) / median: how far a candidate's repeated times disagree."""
-    med = statistics.median(times)
-    return (max(times) - min(times)) / med if med > 0 else 0.0
+def _counted(records: list[TuningRecord]) -> list[TuningRecord]:
+    """The records a model learns from: the steady ones of each candidate, and the failures."""
+    return steady(records) + [r for r in records if not (r.ok and r.times_ms)]
 
 
 def _spread(records: list[TuningRecord], candidate: Candidate | None) -> float:

@@ -22,7 +22,7 @@ from schedules.cost_model import (
     pairwise_accuracy,
     top_k_quality,
 )
-from schedules.database import TuningDatabase
+from schedules.database import TuningDatabase, TuningRecord
 from schedules.features import NAMES, candidate_features
 from schedules.search_space import (apply_candidate, candidate_key, enumerate_space, heuristic_candidate,
                                     sample_space, space_bound)
@@ -407,6 +407,50 @@ def test_a_candidate_whose_repeats_spread_is_measured_again(tasks, tmp_path):
     keys = [r.key for r in db.records()]
     assert len(keys) == 10 and len(set(keys)) == 9
     assert o.spread == 0.0 and "spread" in summary.table()
+
+
+def test_a_noisy_record_counts_no_more_once_the_candidate_is_measured_steadily():
+    from schedules.history import pooled_times, steady
+
+    def rec(task, tile, times):
+        return TuningRecord(task=task, target="llvm", candidate={"steps": [["tile", {"tile": tile}]]},
+                            times_ms=list(times))
+
+    records = [rec("a", 8, [3.4, 4.0, 1.2, 1.0, 2.4]),  # another process held the machine: spread 1.25
+               rec("a", 8, [1.0, 1.02, 0.98]),  # measured again, steady
+               rec("a", 16, [2.0, 3.0, 2.0]), rec("a", 16, [1.0, 1.5, 1.0]),  # never steady: all pooled
+               rec("b", 8, [5.0, 5.0, 5.0])]  # the same candidate of another task stays apart
+    assert len(steady(records)) == 4
+    times = {k: ms for k, (_, ms) in pooled_times(records[:4]).items()}
+    assert times[candidate_key([["tile", {"tile": 8}]])] == 1.0  # was 1.2 pooled with the noisy record
+    assert times[candidate_key([["tile", {"tile": 16}]])] == 1.75  # median of 1, 1, 1.5, 2, 2, 3
+    assert pooled_times(records[4:])[candidate_key([["tile", {"tile": 8}]])][1] == 5.0
+
+
+def test_a_candidate_slow_in_a_noisy_spell_is_judged_by_its_steady_measurement(tasks, tmp_path):
+    """The fastest candidate, first measured while the machine was busy (4x and spread), is
+    measured again steadily and becomes the best at its steady time."""
+    class Spell(FakeMeasure):
+        def __call__(self, task, results):
+            out = super().__call__(task, results)
+            if self.calls != 2:
+                return out
+            rest = out[1:]
+            self.fast = candidate_key([[l, k] for l, k in results[0].choices])
+            return [([2.0, 3.0, 2.0], None)] + rest
+
+        def time_of(self, result):
+            key = candidate_key([[l, k] for l, k in result.choices])
+            return 0.5 if key == getattr(self, "fast", None) else super().time_of(result)
+
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    task = next(t for t in tasks if "softmax" in t.name)
+    summary = Tuner([task], db, Spell(), TuneOptions(trials=9, batch=8, verify=False), progress=lambda s: None).tune()
+    o = summary.outcomes[0]
+    assert o.remeasured == 1
+    assert o.best_ms == 0.5  # pooled with the noisy record: 1.25, the median of 2, 3, 2, .5, .5, .5
+    from schedules.history import pooled_best
+    assert pooled_best(db.records(task.key, task.target))[1] == 0.5  # what compile(tuning_db=) applies
 
 
 def test_features_are_relative_to_the_machine(tasks):
