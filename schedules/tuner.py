@@ -17,13 +17,13 @@ that check has passed, the transferred samples stay out of the model, so the tas
 batch is the one a cold start would measure (the heuristic's nearest neighbours and a few
 random candidates): an unchecked model ranked first on layer norm led the warm start to the
 good candidates after 6 trials where cold took 2-4 (AMD EPYC Zen 4). A candidate whose
-repeats spread by more than ``TuneOptions.noisy`` is measured again.
+repeats spread by more than ``TuneOptions.noisy`` is measured again, and its noisy record
+then counts no more (``history.steady``).
 """
 from __future__ import annotations
 
 import math
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
