@@ -24,6 +24,7 @@ from schedules.cost_model import (
 )
 from schedules.database import TuningDatabase, TuningRecord
 from schedules.features import NAMES, candidate_features
+from schedules.history import pooled_best, pooled_times, steady
 from schedules.search_space import (apply_candidate, candidate_key, enumerate_space, heuristic_candidate,
                                     sample_space, space_bound)
 from schedules.tasks import extract_tasks, kernel_key
@@ -410,8 +411,6 @@ def test_a_candidate_whose_repeats_spread_is_measured_again(tasks, tmp_path):
 
 
 def test_a_noisy_record_counts_no_more_once_the_candidate_is_measured_steadily():
-    from schedules.history import pooled_times, steady
-
     def rec(task, tile, times):
         return TuningRecord(task=task, target="llvm", candidate={"steps": [["tile", {"tile": tile}]]},
                             times_ms=list(times))
@@ -422,7 +421,7 @@ def test_a_noisy_record_counts_no_more_once_the_candidate_is_measured_steadily()
                rec("b", 8, [5.0, 5.0, 5.0])]  # the same candidate of another task stays apart
     assert len(steady(records)) == 4
     times = {k: ms for k, (_, ms) in pooled_times(records[:4]).items()}
-    assert times[candidate_key([["tile", {"tile": 8}]])] == 1.0  # was 1.2 pooled with the noisy record
+    assert times[candidate_key([["tile", {"tile": 8}]])] == 1.0  # 1.11 pooled with the noisy record
     assert times[candidate_key([["tile", {"tile": 16}]])] == 1.75  # median of 1, 1, 1.5, 2, 2, 3
     assert pooled_times(records[4:])[candidate_key([["tile", {"tile": 8}]])][1] == 5.0
 
@@ -435,9 +434,8 @@ def test_a_candidate_slow_in_a_noisy_spell_is_judged_by_its_steady_measurement(t
             out = super().__call__(task, results)
             if self.calls != 2:
                 return out
-            rest = out[1:]
             self.fast = candidate_key([[l, k] for l, k in results[0].choices])
-            return [([2.0, 3.0, 2.0], None)] + rest
+            return [([2.0, 3.0, 2.0], None)] + out[1:]
 
         def time_of(self, result):
             key = candidate_key([[l, k] for l, k in result.choices])
@@ -449,7 +447,6 @@ def test_a_candidate_slow_in_a_noisy_spell_is_judged_by_its_steady_measurement(t
     o = summary.outcomes[0]
     assert o.remeasured == 1
     assert o.best_ms == 0.5  # pooled with the noisy record: 1.25, the median of 2, 3, 2, .5, .5, .5
-    from schedules.history import pooled_best
     assert pooled_best(db.records(task.key, task.target))[1] == 0.5  # what compile(tuning_db=) applies
 
 
