@@ -40,7 +40,7 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 from schedules.cost_model import CostModel, Sample, pairwise_accuracy, top_k_quality  # noqa: E402
-from schedules.database import TuningDatabase, TuningRecord  # noqa: E402
+from schedules.database import TuningDatabase  # noqa: E402
 from schedules.features import candidate_features, per_store_features  # noqa: E402
 from schedules.history import pooled_times, recorded_times, spread_of  # noqa: E402
 from schedules.search_space import apply_candidate, candidate_key, enumerate_space  # noqa: E402
@@ -108,22 +108,18 @@ def exhaustive(task: Task, db: TuningDatabase, measurer: KernelMeasurer, batch: 
         print(f"  {task.name}: {min(i + batch, len(todo))}/{len(todo)} measured "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     if todo:  # a rerun that measured nothing new adds nothing
-        pooled = _times(db.records(task.key, task.target))
-        again = [k for k, t in pooled.items() if k in by_key and spread_of(t) > noisy]
+        recorded = recorded_times(db.records(task.key, task.target))
+        again = [k for k, (_, t) in recorded.items() if k in by_key and spread_of(t) > noisy]
         for i in range(0, len(again), batch):
             _measure(task, db, measurer, [by_key[k] for k in again[i:i + batch]])
         for _ in range(rounds):
-            pooled = _times(db.records(task.key, task.target))
-            _measure(task, db, measurer, [by_key[k] for k in sorted(pooled, key=lambda k: statistics.median(pooled[k]))
+            pooled = pooled_times(db.records(task.key, task.target))
+            _measure(task, db, measurer, [by_key[k] for k in sorted(pooled, key=lambda k: pooled[k][1])
                                           if k in by_key][:top])
         print(f"  {task.name}: {len(again)} noisy candidates measured again, the {top} fastest {rounds} times more",
               file=sys.stderr)
     pooled = pooled_times(db.records(task.key, task.target))
     return {k: pooled[k][1] if k in pooled else math.inf for k in done | set(todo)}
-
-
-def _times(records: list[TuningRecord]) -> dict[str, list[float]]:
-    return {k: t for k, (_, t) in recorded_times(records).items()}
 
 
 def _measure(task: Task, db: TuningDatabase, measurer: KernelMeasurer, entries: list) -> None:

@@ -249,26 +249,24 @@ class Tuner:
         whose repeats spread by more than ``options.noisy`` once more (the steady measurement counts)."""
         task = o.task
         measured = self.measure(task, [r for _, r in entries]) if entries else []
-        times_of: dict[int, list[list[float]]] = {}
-        for i, ((c, r), (times, error)) in enumerate(zip(entries, measured)):
+        ok = []
+        for (c, r), (times, error) in zip(entries, measured):
             self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
             if error is not None:
                 o.failures += 1
             elif times:
-                times_of[i] = [list(times)]
-        noisy = [i for i, t in times_of.items() if spread_of(t[0]) > self.options.noisy]
+                ok.append((c, r, times))
+        noisy = [(c, r) for c, r, times in ok if spread_of(times) > self.options.noisy]
         if noisy:
-            for i, (times, error) in zip(noisy, self.measure(task, [entries[i][1] for i in noisy])):
-                c, r = entries[i]
+            for (c, r), (times, error) in zip(noisy, self.measure(task, [r for _, r in noisy])):
                 self._record(task, c, times, error, self._features_of(task, candidate_key(c), r))
-                if error is None and times:
-                    times_of[i].append(list(times))
             o.remeasured += len(noisy)
-        for i, times in times_of.items():
-            kept = [t for t in times if spread_of(t) <= self.options.noisy] or times
-            ms = float(np.median([x for t in kept for x in t]))
-            if ms < o.best_ms:
-                o.best_ms, o.best = ms, entries[i][0]
+        if ok:  # each candidate's time as compile will read it: the median of its steady records
+            pooled = pooled_times(self._records(task))
+            for c, _, _ in ok:
+                ms = pooled[candidate_key(c)][1]
+                if ms < o.best_ms:
+                    o.best_ms, o.best = ms, c
         o.trials += len(entries)
         self._spent += len(entries)
         return len(entries)
