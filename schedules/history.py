@@ -4,7 +4,7 @@ A candidate's time is the median of every time recorded for it in its steady rec
 candidate the tuner measured again, to check it, has several records): one lucky
 measurement does not make a schedule the best, which the minimum over single records would
 let happen. A record whose repeats spread by more than ``NOISY`` was taken while something
-else held the machine (its repeats here ran up to 20x the candidate's time): the tuner
+else held the machine (one here had a median 20x the candidate's steady time): the tuner
 measures such a candidate again, and that record then counts no more.
 """
 from __future__ import annotations
