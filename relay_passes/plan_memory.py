@@ -17,6 +17,8 @@ kernel is then a call in destination-passing style and every value it writes a
 - m is swept over 1..16 and the smallest total kept; the blocks are laid end to end in one
   arena. The same in-place decisions are also packed by offset (greedy by size, with a few
   seeded reorderings), which whole blocks cannot always match; the smaller total wins.
+- a tensor of a page or more takes whole pages and starts on one (page blocks first), so a
+  kernel's buffers sit at the same offsets in their pages (4K aliasing: ``HostBuffer``).
 
 The execution order decides the lower bound. A memory-aware order runs first, of the kernels
 whose inputs are ready, the one that frees the most bytes net of what it allocates; when its
@@ -49,6 +51,7 @@ from tvm_ext.registry import OPS, OpRegistry
 from tvm_ext.report import MemoryReport
 
 ALIGN = 64  # bytes: every planned tensor starts on a cache line (TVM's own allocation alignment)
+PAGE = 4096  # bytes: one of a page or more starts on a page (4K aliasing: see host_memory.HostBuffer)
 PLANNED_ENTRY = "main_planned"
 RELEASE = "release_registers"  # an empty function: calling it drops the registers of the last call
 
@@ -100,7 +103,12 @@ class FunctionGraph:
 
 
 def _round(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+    """``n`` bytes rounded up to whole cache lines, or to whole pages from a page up."""
+    return _up(n, PAGE if n >= PAGE else ALIGN)
+
+
+def _up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 def _static_nbytes(ty) -> tuple[tuple, int] | None:
@@ -369,9 +377,10 @@ def plan_graph(graph: FunctionGraph, pairs: dict, match_range: int) -> Plan:
         for out in step.writes:
             if not out.output and refs[out] == 0 and out in block_of:
                 alloc.release(block_of[out])
-    starts = [0]
-    for size in alloc.sizes:
-        starts.append(starts[-1] + size)
+    starts, at = {}, 0
+    for b in sorted(range(len(alloc.sizes)), key=lambda b: alloc.sizes[b] < PAGE):  # whole pages first
+        starts[b] = at
+        at += alloc.sizes[b]
     return Plan({v: starts[b] for v, b in block_of.items()}, alloc.total, len(pairs), "best-fit", match_range,
                 len(alloc.sizes))
 
@@ -395,13 +404,15 @@ def _place(order: list, spans: dict) -> tuple[dict, int]:
     offset_of: dict = {}
     for head in order:
         first, last, size = spans[head]
+        step = PAGE if size >= PAGE else ALIGN
         busy = sorted((o, s) for o, s, f, l in placed if f <= last and first <= l)
         best, at = None, 0
         for o, s in busy:
-            if o - at >= size and (best is None or o - at < best[1]):
-                best = (at, o - at)
+            start = _up(at, step)
+            if o - start >= size and (best is None or o - start < best[1]):
+                best = (start, o - start)
             at = max(at, o + s)
-        offset = best[0] if best is not None else at
+        offset = best[0] if best is not None else _up(at, step)
         placed.append((offset, size, first, last))
         offset_of[head] = offset
     return offset_of, max((o + s for o, s, _, _ in placed), default=0)

@@ -13,8 +13,8 @@ from tvm import relax
 import tvm_ext
 from tvm_ext import models
 from conftest import build_module
-from relay_passes.plan_memory import (BestFit, FunctionGraph, Step, Value, best_plan, lower_bound, pack_offsets,
-                                      plan_function, plan_graph)
+from relay_passes.plan_memory import (PAGE, BestFit, FunctionGraph, Step, Value, _chains, _place, best_plan,
+                                      lower_bound, pack_offsets, plan_function, plan_graph)
 from tvm_ext.build_pipeline import before_planning
 from tvm_ext.pipeline import Pipeline
 
@@ -133,6 +133,48 @@ def test_a_value_nothing_reads_is_freed_at_once():
     plan = plan_graph(graph, {}, match_range=1)
     assert plan.offset_of[b] == plan.offset_of[u] != plan.offset_of[a]
     assert plan.total == 2 * UNIT and lower_bound(graph) == 2 * UNIT
+
+
+def _small_then_big() -> tuple[FunctionGraph, Value, Value]:
+    """Step 0 writes a (1000 bytes), step 1 writes b (5000 bytes), step 2 reads both."""
+    a, b, out = Value(relax.Var("a"), 1000, (250,), "float32"), Value(relax.Var("b"), 5000, (1250,), "float32"), \
+        Value(relax.Var("o"), 4, (1,), "float32")
+    out.output = True
+    steps = [Step(0, "k0", [frozenset([a])], writes=[a]), Step(1, "k1", [frozenset([b])], writes=[b]),
+             Step(2, "k2", [frozenset([a]), frozenset([b]), frozenset([out])], reads=[a, b], writes=[out])]
+    a.defined, b.defined, out.defined, a.readers, b.readers = 0, 1, 2, [2], [2]
+    return FunctionGraph(steps, [a, b, out], [frozenset([out])]), a, b
+
+
+def test_a_tensor_of_a_page_or_more_takes_whole_pages_and_starts_on_one():
+    # a rounds to 1024 bytes (cache lines), b to 8192 (two pages). Best-fit makes a's block
+    # first (0) and b's second; laid end to end as made, b would start at 1024: page blocks go
+    # first instead, b at 0 and a at 8192. Packed by offset, b (the larger) is placed first;
+    # in an order with a first, b goes to the next page boundary (4096), not to a's end (1024).
+    graph, a, b = _small_then_big()
+    assert (a.size, b.size) == (1024, 2 * PAGE)
+    blocks = plan_graph(graph, {}, match_range=1)
+    assert (blocks.offset_of[b], blocks.offset_of[a], blocks.total) == (0, 2 * PAGE, 2 * PAGE + 1024)
+    packed = pack_offsets(graph, {})
+    assert (packed.offset_of[b], packed.offset_of[a], packed.total) == (0, 2 * PAGE, 2 * PAGE + 1024)
+    _, spans = _chains(graph, {})
+    offsets, total = _place([a, b], spans)
+    assert (offsets[a], offsets[b], total) == (0, PAGE, 3 * PAGE)
+
+
+def test_every_planned_tensor_of_a_page_or_more_starts_on_a_page(rng):
+    # (3, 500) float32 is 6000 bytes: intermediates of that size beside a 12-byte row sum
+    def make(v):
+        s = R.sum(v, axis=[1], keepdims=True)
+        a = R.exp(R.divide(v, s))
+        return R.nn.softmax(R.multiply(a, R.tanh(a)))
+    x = rng.uniform(0.5, 1.0, (3, 500)).astype("float32")
+    graph, plan, compiled = planned(make, specs=[((3, 500), "float32")])
+    big = [v for v in graph.values if v in plan.offset_of and v.nbytes >= PAGE]
+    assert len(big) >= 2 and any(v.nbytes < PAGE for v in plan.offset_of)
+    assert all(plan.offset_of[v] % PAGE == 0 for v in big), {v.var.name_hint: plan.offset_of[v] for v in big}
+    a = np.exp(x / x.sum(1, keepdims=True))
+    np.testing.assert_allclose(run(compiled, x), _softmax(a * np.tanh(a)), rtol=1e-5, atol=1e-7)
 
 
 def test_best_fit_takes_the_smallest_larger_block_then_enlarges_a_smaller_one():
