@@ -30,8 +30,8 @@ ratio for a second untuned build (the noise between two builds of the same kerne
 
 For memory-bound workloads the roofline is the time to move the bytes that must move (the
 model's inputs, outputs and weights, once each): the faster of numpy's memcpy and a
-parallel TVM copy of exactly that many bytes, timed in the same run (so at the same cache
-level: this machine's L3 holds 300 MB); "x roof" is tvm_ext's time over it. The kernel column compares our kernel
+parallel TVM copy of exactly that many bytes, timed in the same run (so from the same level
+of the cache); "x roof" is tvm_ext's time over it. The kernel column compares our kernel
 count (per strategy) with what TVM's own FuseOps + FuseTIR make of the same module. The
 machine is shared and noisy: compare ratios from one run, not absolute times across runs.
 """
@@ -59,12 +59,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
 from models import workloads  # noqa: E402
 
 import tvm_ext  # noqa: E402
 from relay_passes.autofuse import AutoFuse  # noqa: E402
 from tvm_ext.baselines import call_as_users_do, tvm_default_build, tvm_fused_kernel_count  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
+from tvm_ext.host_memory import HostBuffer  # noqa: E402
 from tvm_ext.target import cpu_target  # noqa: E402
 from tvm_ext.tuning import same_kernels  # noqa: E402
 
@@ -168,10 +170,11 @@ def interleaved_medians(timers: dict, repeat: int, slow: frozenset = frozenset()
 
 def copy_timers(nbytes: int) -> dict:
     """Measurements of the fastest copies that read and write ``nbytes`` in all: numpy's memcpy
-    (one thread) and a parallel, vectorized TVM copy on every thread."""
+    (one thread) and a parallel, vectorized TVM copy on every thread, between page-aligned,
+    faulted-in buffers (as our outputs and workspace are: ``HostBuffer``)."""
     n = max(16, nbytes // 8 // 16 * 16)
-    a = np.ones(n, np.float32)
-    b = np.empty_like(a)
+    a, b = (HostBuffer(n * 4).view((n,), "float32") for _ in range(2))
+    a[...] = 1.0
     src = tvm.te.placeholder((n,), "float32", name="src")
     dst = tvm.te.compute((n,), lambda i: src[i], name="dst")
     sch = tvm.s_tir.Schedule(tvm.te.create_prim_func([src, dst]))
@@ -180,7 +183,8 @@ def copy_timers(nbytes: int) -> dict:
     sch.vectorize(inner)
     sch.parallel(outer)
     lib = tvm.compile(sch.mod, tvm_ext.host_target())
-    tvm_copy, _ = evaluator_timer(lib.mod, [tvm.runtime.tensor(a), tvm.runtime.empty((n,), "float32")])
+    c = HostBuffer(n * 4).view((n,), "float32")
+    tvm_copy, _ = evaluator_timer(lib.mod, [tvm_ffi.from_dlpack(a), tvm_ffi.from_dlpack(c)])
     return {"copy:numpy": py_timer(lambda: np.copyto(b, a)), "copy:tvm": tvm_copy}
 
 
