@@ -206,7 +206,6 @@ class _Lowering:
         self.plan = AutoFusePlan(graph)
         self.kb = KernelBuilder("autofuse_analysis", emit_te=False)
         self.memory: dict = {}  # relax var -> memory-backed analysis value
-        self.views: set = set()  # nodes inlined as recomputed re-indexings of memory (see _merge)
         self.next_kernel = 0
         self.scalar_graph = not rules.fuse_scalar_graphs and all(
             _size(n) <= 1 for n in graph if n.kind == "op")
@@ -246,7 +245,6 @@ class _Lowering:
         kernel = self.plan.kernels[box.kernel]
         kernel.nodes |= box.members
         kernel.outputs.add(box.node)
-        self.views.discard(box.node)  # written to memory: a kernel's node for every later join
         box.kind, box.rule = BoxKind.MEMORY, rule
         box.value = self._memory_value(self.g[box.node].var, box.value)
         self._decide(box.node, "realize", rule, detail)
@@ -259,20 +257,18 @@ class _Lowering:
             self.memory[var] = self.kb.add_input(var.name, shape, dtype)
         return self.memory[var]
 
-    def _merge(self, kids: set, joining: set) -> int | None:
+    def _merge(self, kids: set, joining: set, views: frozenset = frozenset()) -> int | None:
         """One kernel for the given ones and the nodes ``joining`` them (a reader and what it
         recomputes); None when that would create a cycle: a path from the kernel through other
         kernels back into it. The ``views`` (re-indexings of memory each reader recomputes,
         such as a layout_transform of an input) join no kernel to another: the path through
-        one is not a dependency, in this join or any later one that takes its reader in (a
-        ResNet block's residual add joins the second conv's kernel through the input's
-        layout_transform, which the first conv also reads; then its relu joins that add)."""
+        one is not a dependency."""
         kids = {k for k in kids if k is not None}
         if not kids:
             return None
         keep = min(kids)
         union = set().union(*(self.plan.kernels[k].nodes for k in kids)) | joining
-        if not _convex(self.g, union - self.views):
+        if not _convex(self.g, union - views):
             return None
         for k in sorted(kids - {keep}):
             other = self.plan.kernels.pop(k)
@@ -321,6 +317,7 @@ class _Lowering:
         shape_only = [node.value.args[i] for i in (node.opdef.shape_only if node.opdef is not None else ())]
         joined: set = set()
         members = {n}
+        views: set = set()  # recomputed re-indexings of memory
         values: dict = {}
         for v in relax.analysis.free_vars(node.value):
             i = g.index_of.get(v)
@@ -343,13 +340,13 @@ class _Lowering:
                 elif box.kind is BoxKind.FUSABLE:
                     members |= box.members
                     if box.kernel is None and _view_only(box):
-                        self.views |= box.members
+                        views |= box.members
                     self._decide(box.node, "inline", "fusable",
                                  f"into {node.name}" + (" (recomputed)" if len(g.op_readers(g[box.node])) > 1 else ""))
             if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                 joined.add(box.kernel)
             values[v] = box.value
-        kernel = self._merge(joined, members)
+        kernel = self._merge(joined, members, frozenset(views))
         if kernel is None and any(k is not None for k in joined):
             for v, value in list(values.items()):  # cannot join them all: read them from memory
                 i = g.index_of.get(v)
