@@ -174,8 +174,8 @@ def random_args(specs: list[ArgSpec], dev) -> list:
     On this machine each argument is a ``HostBuffer``, page-aligned as the compiled model's
     outputs and workspace are, so a kernel is timed with its buffers placed as in a call.
     Placed by the heap, their offsets in a page changed from one measurement to the next, and
-    so did the time: 0.157 to 0.203 ms for one softmax kernel (4K aliasing, see HostBuffer),
-    0.157 to 0.161 ms page-aligned."""
+    so did the time: 0.158 to 0.203 ms over six measurements of one softmax kernel (4K
+    aliasing, see HostBuffer), 0.157 to 0.160 ms page-aligned."""
     rng = np.random.default_rng(0)
     local = dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
     out = []
