@@ -59,7 +59,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
-import tvm_ffi  # noqa: E402
 from models import workloads  # noqa: E402
 
 import tvm_ext  # noqa: E402
@@ -173,7 +172,7 @@ def copy_timers(nbytes: int) -> dict:
     (one thread) and a parallel, vectorized TVM copy on every thread, between page-aligned,
     faulted-in buffers (as our outputs and workspace are: ``HostBuffer``)."""
     n = max(16, nbytes // 8 // 16 * 16)
-    a, b = (HostBuffer(n * 4).view((n,), "float32") for _ in range(2))
+    (a, a_tensor), (b, _), (_, c_tensor) = (HostBuffer(n * 4).template((n,), "float32") for _ in range(3))
     a[...] = 1.0
     src = tvm.te.placeholder((n,), "float32", name="src")
     dst = tvm.te.compute((n,), lambda i: src[i], name="dst")
@@ -183,8 +182,7 @@ def copy_timers(nbytes: int) -> dict:
     sch.vectorize(inner)
     sch.parallel(outer)
     lib = tvm.compile(sch.mod, tvm_ext.host_target())
-    c = HostBuffer(n * 4).view((n,), "float32")
-    tvm_copy, _ = evaluator_timer(lib.mod, [tvm_ffi.from_dlpack(a), tvm_ffi.from_dlpack(c)])
+    tvm_copy, _ = evaluator_timer(lib.mod, [a_tensor, c_tensor])
     return {"copy:numpy": py_timer(lambda: np.copyto(b, a)), "copy:tvm": tvm_copy}
 
 

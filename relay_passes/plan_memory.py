@@ -47,11 +47,11 @@ from tvm import relax, s_tir, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tvm_ext import attrs
+from tvm_ext.host_memory import PAGE, alignment
 from tvm_ext.registry import OPS, OpRegistry
 from tvm_ext.report import MemoryReport
 
 ALIGN = 64  # bytes: every planned tensor starts on a cache line (TVM's own allocation alignment)
-PAGE = 4096  # bytes: one of a page or more starts on a page (4K aliasing: see host_memory.HostBuffer)
 PLANNED_ENTRY = "main_planned"
 RELEASE = "release_registers"  # an empty function: calling it drops the registers of the last call
 
@@ -103,8 +103,9 @@ class FunctionGraph:
 
 
 def _round(n: int) -> int:
-    """``n`` bytes rounded up to whole cache lines, or to whole pages from a page up."""
-    return _up(n, PAGE if n >= PAGE else ALIGN)
+    """``n`` bytes rounded up to whole cache lines, or to whole pages from a page up (where the
+    call's buffers start: ``host_memory.alignment``)."""
+    return _up(n, alignment(n))
 
 
 def _up(n: int, step: int) -> int:
@@ -404,7 +405,7 @@ def _place(order: list, spans: dict) -> tuple[dict, int]:
     offset_of: dict = {}
     for head in order:
         first, last, size = spans[head]
-        step = PAGE if size >= PAGE else ALIGN
+        step = alignment(size)
         busy = sorted((o, s) for o, s, f, l in placed if f <= last and first <= l)
         best, at = None, 0
         for o, s in busy:

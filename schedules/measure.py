@@ -26,7 +26,6 @@ from typing import Self
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import tirx
 
 from schedules.workers import WorkerPool, error_message
@@ -185,9 +184,9 @@ def random_args(specs: list[ArgSpec], dev) -> list:
         else:
             data = np.zeros(shape, dtype=dtype)
         if local:
-            array = HostBuffer(data.nbytes).view(shape, dtype)
+            array, tensor = HostBuffer(data.nbytes).template(shape, dtype)
             array[...] = data
-            out.append(tvm_ffi.from_dlpack(array, require_alignment=max(1, data.itemsize)))
+            out.append(tensor)
         else:
             out.append(tvm.runtime.tensor(data, dev))
     return out

@@ -20,6 +20,12 @@ PAGE = 4096
 ALIGN = 64
 
 
+def alignment(nbytes: int) -> int:
+    """Where a buffer of ``nbytes`` starts: on a page from a page up (see ``HostBuffer``), on a
+    cache line below."""
+    return PAGE if nbytes >= PAGE else ALIGN
+
+
 class HostBuffer:
     """``nbytes`` of memory, every page already faulted in, starting on a page from 4 KiB up
     (a cache line below).
@@ -43,7 +49,7 @@ class HostBuffer:
             except OSError:  # a kernel without THP: ordinary pages
                 pass
         else:
-            align = PAGE if nbytes >= PAGE else ALIGN
+            align = alignment(nbytes)
             self.root = np.empty(max(nbytes, 1) + align, np.uint8)
             start = -self.root.ctypes.data % align
         self.data = self.root[start:start + nbytes]
