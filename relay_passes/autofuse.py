@@ -172,8 +172,8 @@ class AutoFusePlan:
 
     def describe(self) -> str:
         """One line per box: its kind, the rule that realized it, its size, what it computes."""
-        return "\n".join(b.describe(self.graph) for _, b in sorted(self.boxes.items(), key=lambda kv: kv[0])
-                         if isinstance(b, KernelBox))
+        return "\n".join(b.describe(self.graph) for _, entry in sorted(self.boxes.items(), key=lambda kv: kv[0])
+                         for b in (entry if isinstance(entry, list) else [entry]) if isinstance(b, KernelBox))
 
     def log_text(self) -> str:
         return decisions_text(self.graph, self.log)
@@ -276,9 +276,10 @@ class _Lowering:
             mine.nodes |= other.nodes
             mine.outputs |= other.outputs
             mine.local |= other.local
-            for box in self.plan.boxes.values():
-                if box.kernel == k:
-                    box.kernel = keep
+            for entry in self.plan.boxes.values():  # a multi-output node (topk) has a list
+                for box in entry if isinstance(entry, list) else [entry]:
+                    if box.kernel == k:
+                        box.kernel = keep
         return keep
 
     # ------------------------------------------------------------------ extern
