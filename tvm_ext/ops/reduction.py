@@ -38,22 +38,29 @@ def _simple(kind: str):
         x = node.args[0]
         out = reduce(node.kb, x, _axes(node, x), kind, _keepdims(node), node.out_dtype, node.name)
         if kind in ("max", "min") and L.is_float(x.dtype):
-            return _nan_if_any(node, x, _axes(node, x), _keepdims(node), out)
+            return _nan_and_infinity(node, kind, x, _axes(node, x), _keepdims(node), out)
         return out
     lower.__doc__ = f"Reduce with {kind} over the given axes" + (
         " (NaN if any element is NaN, as in PyTorch)." if kind in ("max", "min") else ".")
     return lower
 
 
-def _nan_if_any(node: OpNode, x: TensorValue, axes, keepdims: bool, out: TensorValue) -> TensorValue:
-    """``out`` where no reduced element of ``x`` is NaN, else NaN: a max or min reduction
-    (TVM's reducer, which rfactor knows) skips NaN, PyTorch's propagates it. The flag is a
-    second max reduction over ``isnan(x)``."""
-    flag = pointwise(lambda v: L.select(L.isnan(v), L.const(1.0, "float32"), L.const(0.0, "float32")), [x],
-                     "float32", node.name + "_isnan")
-    any_nan = reduce(node.kb, flag, axes, "max", keepdims, "float32", node.name + "_any_nan")
-    return pointwise(lambda m, f: L.select(L.greater(f, L.const(0.0, f.dtype)), L.const(math.nan, m.dtype), m),
-                     [out, any_nan], out.dtype, node.name)
+def _nan_and_infinity(node: OpNode, kind: str, x: TensorValue, axes, keepdims: bool,
+                      out: TensorValue) -> TensorValue:
+    """``out`` corrected where TVM's max or min reducer (the one rfactor knows) differs from
+    PyTorch: it skips NaN, which PyTorch propagates, and starts from the largest finite value,
+    so a max over elements that are all -inf gives -3.4e38 instead of -inf (a fully masked row of
+    attention scores). One more reduction, a max over a code per element: 2 for NaN, 1 for any
+    other value but the infinity the reduction starts from, 0 for that infinity."""
+    start = -math.inf if kind == "max" else math.inf
+    code = pointwise(lambda v: L.select(L.isnan(v), L.const(2.0, "float32"),
+                                        L.select(L.equal(v, L.const(start, v.dtype)), L.const(0.0, "float32"),
+                                                 L.const(1.0, "float32"))),
+                     [x], "float32", node.name + "_class")
+    worst = reduce(node.kb, code, axes, "max", keepdims, "float32", node.name + "_any_nan")
+    return pointwise(lambda m, w: L.select(L.greater(w, L.const(1.5, w.dtype)), L.const(math.nan, m.dtype),
+                                           L.select(L.less(w, L.const(0.5, w.dtype)), L.const(start, m.dtype), m)),
+                     [out, worst], out.dtype, node.name)
 
 
 # ---- gradients: the output's adjoint, reduced dims kept, broadcast back over the input
@@ -184,7 +191,7 @@ def _topk(node: OpNode) -> TensorValue | list[TensorValue]:
                                               L.compute_dtype(x.dtype), node.name + "_values"), node.name + "_values")
     values = cast_like(values, x.dtype)
     if L.is_float(x.dtype):  # a NaN in the row is the row's max (min), at its first index, as in PyTorch
-        values = _nan_if_any(node, x, [axis], True, values)
+        values = _nan_and_infinity(node, kind, x, [axis], True, values)
     index_dtype = str(node.attr("dtype", "int64"))
 
     def first_index(idx, ks):
