@@ -1,0 +1,147 @@
+"""torch.export's graph translated as it comes (``frontends.DIRECT_OPS``), without PyTorch's
+core-ATen decomposition: every accepted op against PyTorch, the arguments that send a graph
+through the decomposition instead, and that the decomposition is really skipped."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tvm_ext
+from tvm_ext import frontends
+
+
+class Fn(nn.Module):
+    def __init__(self, fn, *modules):
+        super().__init__()
+        self.fn, self.parts = fn, nn.ModuleList(modules)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def _bn():
+    bn = nn.BatchNorm2d(6)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+    return bn
+
+
+def _attention_mask():
+    mask = torch.rand(2, 3, 5, 7) > 0.4
+    mask[0, 1, 2] = False  # a row with every key masked out: zeros, as PyTorch's _safe_softmax
+    return mask
+
+
+# op -> (module, input shapes); each graph holds the op it is named after
+CASES = {
+    "elementwise": (Fn(lambda m, x: (torch.sigmoid(x) + torch.tanh(x) - torch.exp(-x.abs())) * F.silu(-x)
+                       / (torch.sqrt(x.abs() + 1) * torch.rsqrt(x * x + 1) + F.relu(x)).clone()), [(4, 33)]),
+    "alpha": (Fn(lambda m, x: torch.add(x, x * x, alpha=2) - torch.sub(x, 1.5, alpha=0.5) + torch.sub(x, x, alpha=3)),
+              [(4, 6)]),
+    "gelu": (Fn(lambda m, x: F.gelu(x) + F.gelu(x, approximate="tanh")), [(4, 33)]),
+    "pow_hardtanh": (Fn(lambda m, x: F.hardtanh(x, 0.0, 6.0) + x.pow(2.0) + F.hardtanh(x)), [(4, 33)]),
+    "softplus": (Fn(lambda m, x: x * torch.tanh(F.softplus(x)) + F.softplus(x, beta=2.0, threshold=5.0)), [(4, 33)]),
+    "softmax": (Fn(lambda m, x: torch.softmax(x, -1) + torch.log_softmax(x, 0)), [(5, 17)]),
+    "reductions": (Fn(lambda m, x: x.sum(-1, keepdim=True) + x.mean(0) + x.max(-1, keepdim=True)[0]), [(5, 17)]),
+    "norms": (Fn(lambda m, x: m.parts[1](m.parts[0](x)), nn.GroupNorm(2, 6), nn.LayerNorm([5, 5])), [(2, 6, 5, 5)]),
+    "batch_norm": (Fn(lambda m, x: F.dropout(m.parts[0](x), 0.3, training=False), _bn()), [(2, 6, 5, 5)]),
+    "conv2d": (Fn(lambda m, x: m.parts[1](m.parts[0](x)), nn.Conv2d(3, 6, 3, stride=2, padding=1),
+                  nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)), [(1, 3, 11, 11)]),
+    "matmuls": (Fn(lambda m, x, y: m.parts[0](x) @ y.t() + torch.mm(x, x.t()).sum(), nn.Linear(17, 9)),
+                [(5, 17), (9, 9)]),
+    "bmm": (Fn(lambda m, x: torch.bmm(x, x.transpose(1, 2)) + torch.matmul(x, x.permute(0, 2, 1))), [(3, 4, 5)]),
+    "views": (Fn(lambda m, x: x.view(2, 3, 20).reshape(6, 20).unsqueeze(0).squeeze(0).flatten(0, 1)
+                 .unflatten(0, (10, 12))[3].mean() + x.permute(3, 0, 1, 2).contiguous().select(0, 1).flatten()),
+              [(2, 3, 4, 5)]),
+    "attention": (Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)
+                     + F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                     + F.scaled_dot_product_attention(q, k, v, attn_mask=m.mask, scale=0.3)
+                     + F.scaled_dot_product_attention(q, k, v, attn_mask=m.bias)),
+                  [(2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8)]),
+}
+_attention = CASES["attention"][0]
+_attention.mask = _attention_mask()
+_attention.bias = torch.randn(5, 7)
+
+
+def _export(module, shapes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    inputs = tuple(torch.randn(*s, generator=gen) for s in shapes)
+    module.eval()
+    with torch.no_grad():
+        return torch.export.export(module, inputs), inputs, module(*inputs)
+
+
+def _ops(exported) -> set[str]:
+    return {frontends._op_name(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+
+
+def _no_decomposition(monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("run_decompositions was called")
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", refuse)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_direct_op_is_translated_as_exported_and_matches_pytorch(name, monkeypatch):
+    module, shapes = CASES[name]
+    exported, inputs, expected = _export(module, shapes)
+    assert frontends.translates_directly(exported), _ops(exported) - set(frontends.DIRECT_OPS)
+    _no_decomposition(monkeypatch)
+    compiled = tvm_ext.compile(exported)
+    got = compiled(*(x.numpy() for x in inputs))
+    np.testing.assert_allclose(got, expected.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def test_the_cases_hold_every_direct_op():
+    seen = set().union(*(_ops(_export(m, s)[0]) for m, s in CASES.values()))
+    assert set(frontends.DIRECT_OPS) - seen == set()
+
+
+# arguments a direct converter would drop or misread: these graphs take the decomposition
+REFUSED = {
+    "softmax to float64": Fn(lambda m, x: torch.softmax(x, -1, dtype=torch.float64)),
+    "sum to float64": Fn(lambda m, x: x.sum(-1, dtype=torch.float64)),
+    "cumsum": Fn(lambda m, x: torch.cumsum(x, -1)),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_graph_with_an_argument_or_op_direct_translation_refuses_is_decomposed_first(name, monkeypatch):
+    exported, inputs, expected = _export(REFUSED[name], [(4, 6)])
+    assert not frontends.translates_directly(exported)
+    calls = []
+    decompose = torch.export.ExportedProgram.run_decompositions
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",
+                        lambda self, *a, **k: calls.append(1) or decompose(self, *a, **k))
+    got = tvm_ext.compile(exported)(inputs[0].numpy())
+    assert calls == [1]
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_and_dropout_in_training_are_decomposed():
+    bn, drop = Fn(lambda m, x: m.parts[0](x), _bn()).train(), Fn(lambda m, x: F.dropout(x, 0.5, training=True))
+    for module in (bn, drop):
+        exported = torch.export.export(module, (torch.randn(2, 6, 5, 5),))
+        assert not frontends.translates_directly(exported)
+
+
+def test_batch_norm_without_running_statistics_is_decomposed_and_normalizes_by_the_batch():
+    exported, inputs, expected = _export(Fn(lambda m, x: m.parts[0](x), nn.BatchNorm2d(6, track_running_stats=False)),
+                                         [(2, 6, 5, 5)])
+    assert not frontends.translates_directly(exported)
+    got = tvm_ext.compile(exported)(inputs[0].numpy())
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_attention_converter_emits_no_relax_attention_and_fuses_its_softmax():
+    module, shapes = CASES["attention"]
+    exported, _, _ = _export(module, shapes)
+    report = tvm_ext.compile(exported).report()
+    ops = [op for k in report.kernels for op in k.ops]
+    assert "nn.attention" not in ops and "nn.softmax" in ops
+    assert not any(k.ops == ["full_like"] for k in report.kernels)
