@@ -27,7 +27,7 @@ from relay_passes.strategies import PARTITIONERS
 from schedules import Machine, ScheduleKernels
 from schedules.database import TuningDatabase
 from schedules.history import ApplyHistoryBest, model_check, model_check_task
-from tvm_ext.build_pipeline import TIR_PIPELINE, relax_pipeline
+from tvm_ext.build_pipeline import build_executable, relax_pipeline
 from tvm_ext.compiled_model import CompiledModel, dim_bounds_of, outputs_of, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
@@ -180,7 +180,7 @@ class Pipeline:
         try:
             with self.target:
                 vm_module = relax_pipeline(plan)(lowered)
-            executable = tvm.compile(vm_module, self.target, relax_pipeline=None, tir_pipeline=TIR_PIPELINE)
+            executable = build_executable(vm_module, self.target)
         except Exception as err:
             unknown = unlowered_ops(lowered)  # ops TVM's later passes (sort, scan) did not take either
             if unknown:

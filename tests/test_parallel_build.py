@@ -1,0 +1,81 @@
+"""build_executable: the kernels' code generated on several threads, linked as one library and
+its imports, runs, exports and loads like tvm.compile's single library."""
+import numpy as np
+import tvm
+from tvm import relax
+
+import tvm_ext
+from relay_passes.plan_memory import PlanMemory
+from tvm_ext.build_pipeline import build_executable, relax_pipeline
+from tvm_ext.compiled_model import CompiledModel, outputs_of, signature_of
+from tvm_ext.pipeline import Pipeline
+
+R = relax.op
+
+
+def _two_kernels():
+    """matmul, relu and softmax in one kernel, a second matmul in another (AutoFuse)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    rng = np.random.default_rng(0)
+    w1, w2 = (relax.const(rng.standard_normal(s).astype("float32")) for s in ((16, 32), (32, 4)))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(R.nn.relu(R.matmul(x, w1)))
+            s = bb.emit(R.nn.softmax(h, axis=-1))
+            out = bb.emit_output(R.matmul(s, w2))
+        bb.emit_func_output(out)
+    return bb.get(), w1.value.numpy(), w2.value.numpy()
+
+
+def _numpy(x, w1, w2):
+    h = np.maximum(x @ w1, 0)
+    e = np.exp(h - h.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ w2
+
+
+@tvm.instrument.pass_instrument
+class _PassNames:
+    def __init__(self):
+        self.names = []
+
+    def run_before_pass(self, mod, info):
+        self.names.append(info.name)
+
+
+def _build(mod, jobs):
+    pipeline = Pipeline()
+    prepared = pipeline.prepare(mod)
+    lowered, report = pipeline.lower(prepared)
+    plan = PlanMemory(pipeline.registry)
+    with pipeline.target:
+        vm_module = relax_pipeline(plan)(lowered)
+    record = _PassNames()
+    with tvm.transform.PassContext(opt_level=3, instruments=[record]):
+        executable = build_executable(vm_module, pipeline.target, jobs=jobs)
+    model = CompiledModel(executable, signature_of(prepared), report, str(pipeline.target), entry=plan.entry,
+                          outputs=outputs_of(prepared))
+    return model, sorted(record.names)
+
+
+def test_kernels_built_on_two_threads_match_one_build_and_numpy(tmp_path):
+    mod, w1, w2 = _two_kernels()
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype("float32")
+    one, one_passes = _build(mod, jobs=1)
+    two, two_passes = _build(mod, jobs=2)
+    assert len(one.report().kernels) == 2
+    np.testing.assert_allclose(two(x), _numpy(x, w1, w2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(two(x), one(x))
+    # each thread ran the TIR pipeline on its module under the caller's PassContext: its
+    # instruments saw every pass of the one build, once a module
+    assert set(two_passes) == set(one_passes) and len(two_passes) > len(one_passes)
+    assert "AcceptUnalignedArguments" in one_passes and "RejoinMergedIndices" in one_passes
+    two.export(tmp_path / "model.so")
+    loaded = CompiledModel.load(tmp_path / "model.so")
+    np.testing.assert_array_equal(loaded(x), one(x))
+
+
+def test_the_pipeline_builds_a_model_of_several_kernels_on_every_core():
+    mod, w1, w2 = _two_kernels()
+    x = np.random.default_rng(2).standard_normal((8, 16)).astype("float32")
+    np.testing.assert_allclose(tvm_ext.compile(mod)(x), _numpy(x, w1, w2), rtol=1e-5, atol=1e-6)
