@@ -349,10 +349,36 @@ def _transpose_2d(node, importer):
     return importer.block_builder.emit(relax.op.permute_dims(x, [1, 0]))
 
 
+def _layer_norm(node, importer):
+    """``aten.layer_norm`` (x, normalized_shape, weight, bias, eps) with either of weight and
+    bias None (``elementwise_affine=False``, ``bias=False``), which TVM's converter looks up."""
+    args = node.args
+    gamma, beta = (importer.env[args[i]] if len(args) > i and args[i] is not None else None for i in (2, 3))
+    eps = float(args[4]) if len(args) > 4 else 1e-5
+    return importer._layer_norm_impl(importer.env[args[0]], gamma, beta, eps, args[1])
+
+
+def _group_norm(node, importer):
+    """``aten.group_norm`` (x, groups, weight, bias, eps) with either of weight and bias None
+    (``affine=False``: TVM's converter, and its decomposition's, failed to import it)."""
+    from tvm import relax
+
+    args = node.args
+    x = importer.env[args[0]]
+    channels, dtype = int(x.ty.shape.values[1]), str(x.ty.dtype)
+    gamma, beta = (importer.env[args[i]] if len(args) > i and args[i] is not None
+                   else relax.const(np.full(channels, fill, dtype), dtype) for i, fill in ((2, 1.0), (3, 0.0)))
+    eps = float(args[4]) if len(args) > 4 else 1e-5
+    return importer.block_builder.emit(relax.op.nn.group_norm(
+        x, gamma, beta, num_groups=int(args[1]), channel_axis=1, axes=list(range(2, len(x.ty.shape.values))),
+        epsilon=eps))
+
+
 def _torch_converters() -> dict:
     from tvm import relax
     return {"batch_norm.default": _batch_norm_eval, "hardtanh.default": _hardtanh,
             "scaled_dot_product_attention.default": _attention, "softplus.default": _softplus,
+            "layer_norm.default": _layer_norm, "group_norm.default": _group_norm,
             "add.Tensor": _with_alpha(relax.op.add, operator.add),
             "sub.Tensor": _with_alpha(relax.op.subtract, operator.sub), "t.default": _transpose_2d,
             "amax.default": _extreme(relax.op.max), "amin.default": _extreme(relax.op.min),

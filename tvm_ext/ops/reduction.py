@@ -41,23 +41,24 @@ def _simple(kind: str):
             return _nan_and_infinity(node, kind, x, _axes(node, x), _keepdims(node), out)
         return out
     lower.__doc__ = f"Reduce with {kind} over the given axes" + (
-        " (NaN if any element is NaN, as in PyTorch)." if kind in ("max", "min") else ".")
+        " (NaN if any element is NaN, -inf / inf over elements all -inf / inf, as in PyTorch)."
+        if kind in ("max", "min") else ".")
     return lower
 
 
 def _nan_and_infinity(node: OpNode, kind: str, x: TensorValue, axes, keepdims: bool,
                       out: TensorValue) -> TensorValue:
     """``out`` corrected where TVM's max or min reducer (the one rfactor knows) differs from
-    PyTorch: it skips NaN, which PyTorch propagates, and starts from the largest finite value,
-    so a max over elements that are all -inf gives -3.4e38 instead of -inf (a fully masked row of
-    attention scores). One more reduction, a max over a code per element: 2 for NaN, 1 for any
-    other value but the infinity the reduction starts from, 0 for that infinity."""
+    PyTorch: it skips NaN, which PyTorch propagates, and starts from the most extreme finite
+    value, so a max over elements that are all -inf gives -3.4e38 instead of -inf (a fully masked
+    row of attention scores). One more reduction, a max over a code per element: 2 for NaN, 0 for
+    the infinity the result starts from (-inf for max), 1 for any other value."""
     start = -math.inf if kind == "max" else math.inf
     code = pointwise(lambda v: L.select(L.isnan(v), L.const(2.0, "float32"),
                                         L.select(L.equal(v, L.const(start, v.dtype)), L.const(0.0, "float32"),
                                                  L.const(1.0, "float32"))),
                      [x], "float32", node.name + "_class")
-    worst = reduce(node.kb, code, axes, "max", keepdims, "float32", node.name + "_any_nan")
+    worst = reduce(node.kb, code, axes, "max", keepdims, "float32", node.name + "_worst")
     return pointwise(lambda m, w: L.select(L.greater(w, L.const(1.5, w.dtype)), L.const(math.nan, m.dtype),
                                            L.select(L.less(w, L.const(0.5, w.dtype)), L.const(start, m.dtype), m)),
                      [out, worst], out.dtype, node.name)
