@@ -1,10 +1,14 @@
 """torch.export's graph translated as it comes (``frontends.DIRECT_OPS``), without PyTorch's
 core-ATen decomposition: every accepted op against PyTorch, the arguments that send a graph
 through the decomposition instead, and that the decomposition is really skipped."""
+import os
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import tvm_ext
@@ -148,3 +152,42 @@ def test_the_attention_converter_emits_no_relax_attention_and_fuses_its_softmax(
     ops = [op for k in report.kernels for op in k.ops]
     assert "nn.attention" not in ops and "nn.softmax" in ops
     assert not any(k.ops == ["full_like"] for k in report.kernels)
+
+
+# ------------------------------------------------------------------ random chains of direct ops
+# each step maps a (rows, cols) tensor to one of the same shape; `other` is an earlier value
+STEPS = [
+    lambda x, o: torch.relu(x), lambda x, o: torch.sigmoid(x), lambda x, o: torch.tanh(x),
+    lambda x, o: F.silu(x), lambda x, o: F.gelu(x, approximate="tanh"), lambda x, o: torch.exp(-x.abs()),
+    lambda x, o: torch.sqrt(x.abs() + 1), lambda x, o: torch.rsqrt(x * x + 1), lambda x, o: -x,
+    lambda x, o: torch.add(x, o, alpha=0.5), lambda x, o: x - o, lambda x, o: x * o, lambda x, o: x / (o.abs() + 1),
+    lambda x, o: x.pow(2.0), lambda x, o: F.hardtanh(x, -0.5, 2.0), lambda x, o: F.softplus(x, beta=1.5),
+    lambda x, o: torch.softmax(x, -1), lambda x, o: torch.log_softmax(x, 0), lambda x, o: F.layer_norm(x, x.shape[-1:]),
+    lambda x, o: x - x.mean(-1, keepdim=True), lambda x, o: x + x.sum(0, keepdim=True),
+    lambda x, o: x - x.max(-1, keepdim=True)[0], lambda x, o: x.t().contiguous().t() + o,
+    lambda x, o: x.reshape(-1).view(x.shape) * 2, lambda x, o: x.unsqueeze(0).flatten(0, 1) + 1,
+    lambda x, o: F.dropout(x, 0.2, training=False), lambda x, o: (x @ o.t()) @ o / x.shape[-1],
+]
+
+
+class Chain(nn.Module):
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+
+    def forward(self, x):
+        values = [x]
+        for op, other in self.steps:
+            values.append(STEPS[op](values[-1], values[other % len(values)]))
+        return values[-1]
+
+
+@settings(max_examples=int(os.environ.get("TVM_EXT_FUZZ_EXAMPLES", "12")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(STEPS) - 1), st.integers(0, 8)), min_size=1, max_size=5),
+       st.integers(1, 9), st.integers(1, 37))
+def test_random_chains_of_direct_ops_match_pytorch(steps, rows, cols):
+    exported, inputs, expected = _export(Chain(steps), [(rows, cols)])
+    assert frontends.translates_directly(exported)
+    got = tvm_ext.compile(exported, strict=True)(inputs[0].numpy())
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-4)
