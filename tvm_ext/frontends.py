@@ -402,9 +402,10 @@ def _arg(i: int, name: str, default: Any) -> Callable[[Any], Any]:
 
 
 _UNARY, _BINARY = _positional(1), _positional(2)
-_NO_DTYPE = _positional(2)  # softmax / log_softmax: dtype (the third argument) is dropped too
-_REDUCE = _positional(3)  # sum / mean (x, dim, keepdim): a dtype keyword is a cast first
+_NO_DTYPE = _positional(2)  # softmax / log_softmax (x, dim): TVM's converter drops a dtype argument
+_REDUCE = _positional(3)  # sum / mean (x, dim, keepdim); with a dtype keyword, decomposed first
 _TRAINING = _arg(5, "training", False)
+_DROPOUT_ACTIVE = _arg(2, "train", False)
 
 
 def _batch_norm_accepted(node: Any) -> bool:
@@ -412,8 +413,6 @@ def _batch_norm_accepted(node: Any) -> bool:
     return (_positional(9)(node) and not _TRAINING(node)
             and all(_arg(i, n, None)(node) is not None for i, n in ((3, "running_mean"), (4, "running_var"))))
 
-
-_DROPOUT_ACTIVE = _arg(2, "train", False)
 
 #: aten ops that TVM's importer, with ``TORCH_CONVERTERS``, translates correctly from torch.export's
 #: graph as it comes (pre-dispatch ATen), each with the arguments it accepts; every one is checked
