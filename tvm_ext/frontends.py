@@ -239,19 +239,29 @@ def _grid_sampler_2d(node, importer):
     return emit(out + emit(tap(y1, x0, emit(wy1 * wx0)) + tap(y1, x1, emit(wy1 * wx1))))
 
 
+def _affine_params(node, importer, at: int) -> tuple:
+    """The per-channel scale and shift at ``node.args[at]`` and ``[at + 1]`` of a normalization
+    over axis 1, ones and zeros where PyTorch passes None (no affine parameters)."""
+    from tvm import relax
+
+    x, args = importer.env[node.args[0]], node.args
+    channels, dtype = int(x.ty.shape.values[1]), str(x.ty.dtype)
+    return tuple(importer.env[args[i]] if len(args) > i and args[i] is not None
+                 else relax.const(np.full(channels, fill, dtype), dtype) for i, fill in ((at, 1.0), (at + 1, 0.0)))
+
+
 def _batch_norm_eval(node, importer):
     """``aten.batch_norm`` (x, weight, bias, running_mean, running_var, training, momentum, eps,
     cudnn_enabled) outside training, as the decomposition's ``_native_batch_norm_legit_no_training``
     (TVM's converter reads ``training`` as the momentum and the momentum as eps)."""
     from tvm import relax
 
-    x, weight, bias, mean, var = (importer.env.get(a) if a is not None else None for a in node.args[:5])
-    channels, dtype = int(x.ty.shape.values[1]), str(x.ty.dtype)
+    x, mean, var = (importer.env[node.args[i]] for i in (0, 3, 4))
+    gamma, beta = _affine_params(node, importer, 1)
     eps = float(node.args[7]) if len(node.args) > 7 else float(node.kwargs.get("eps", 1e-5))
-    ones, zeros = (relax.const(np.full(channels, v, dtype), dtype) for v in (1.0, 0.0))
     out = importer.block_builder.emit(relax.op.nn.batch_norm(
-        x, ones if weight is None else weight, zeros if bias is None else bias, mean, var, axis=1,
-        epsilon=eps, center=bias is not None, scale=weight is not None, training=False))
+        x, gamma, beta, mean, var, axis=1, epsilon=eps, center=node.args[2] is not None,
+        scale=node.args[1] is not None, training=False))
     return importer.block_builder.emit(out[0])
 
 
@@ -365,9 +375,7 @@ def _group_norm(node, importer):
 
     args = node.args
     x = importer.env[args[0]]
-    channels, dtype = int(x.ty.shape.values[1]), str(x.ty.dtype)
-    gamma, beta = (importer.env[args[i]] if len(args) > i and args[i] is not None
-                   else relax.const(np.full(channels, fill, dtype), dtype) for i, fill in ((2, 1.0), (3, 0.0)))
+    gamma, beta = _affine_params(node, importer, 2)
     eps = float(args[4]) if len(args) > 4 else 1e-5
     return importer.block_builder.emit(relax.op.nn.group_norm(
         x, gamma, beta, num_groups=int(args[1]), channel_axis=1, axes=list(range(2, len(x.ty.shape.values))),
