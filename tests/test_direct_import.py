@@ -24,21 +24,14 @@ class Fn(nn.Module):
         return self.fn(self, *xs)
 
 
-def _bn():
-    bn = nn.BatchNorm2d(6)
+def _bn(affine=True):
+    bn = nn.BatchNorm2d(6, affine=affine)
     with torch.no_grad():
         bn.running_mean.uniform_(-1, 1)
         bn.running_var.uniform_(0.5, 2)
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.uniform_(-1, 1)
-    return bn
-
-
-def _bn_without_affine():
-    bn = nn.BatchNorm2d(6, affine=False)
-    with torch.no_grad():
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
+        if affine:
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-1, 1)
     return bn
 
 
@@ -64,7 +57,7 @@ CASES = {
                  nn.LayerNorm(5, elementwise_affine=False), nn.LayerNorm(5, bias=False)),
               [(2, 6, 5, 5)]),
     "batch_norm": (Fn(lambda m, x: F.dropout(m.parts[0](x), 0.3, training=False) + m.parts[1](x), _bn(),
-                      _bn_without_affine()), [(2, 6, 5, 5)]),
+                      _bn(affine=False)), [(2, 6, 5, 5)]),
     "conv2d": (Fn(lambda m, x: m.parts[1](m.parts[0](x)), nn.Conv2d(3, 6, 3, stride=2, padding=1),
                   nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)), [(1, 3, 11, 11)]),
     "matmuls": (Fn(lambda m, x, y: m.parts[0](x) @ y.t() + torch.mm(x, x.t()).sum(), nn.Linear(17, 9)),
