@@ -542,17 +542,12 @@ def test_a_reader_that_would_close_a_cycle_between_kernels_starts_its_own():
 def test_kernels_merged_around_a_multi_output_node_renumber_its_boxes_too():
     # topk's two outputs share one node, whose boxes are a list: the merge of the sum's kernel
     # with the mean's (both read by `a`) must renumber them as it does single boxes
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((5, 17), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            s = bb.emit(R.sum(x, axis=[1], keepdims=True))
-            m = bb.emit(R.mean(x, axis=[0]))
-            a = bb.emit(R.add(s, m))
-            t = bb.emit(R.topk(x, k=1, axis=-1, ret_type="both", dtype="int64"))
-            r = bb.emit_output(R.add(a, bb.emit(relax.TupleGetItem(t, 0))))
-        bb.emit_func_output(r)
-    compiled = tvm_ext.compile(bb.get(), fusion="autofuse")
+    def make(x):
+        bb = _bb()
+        a = bb.emit(R.add(bb.emit(R.sum(x, axis=[1], keepdims=True)), bb.emit(R.mean(x, axis=[0]))))
+        t = bb.emit(R.topk(x, k=1, axis=-1, ret_type="both", dtype="int64"))
+        return R.add(a, bb.emit(relax.TupleGetItem(t, 0)))
+    compiled = tvm_ext.compile(build_module(make, [((5, 17), "float32")]), fusion="autofuse")
     assert [k.ops for k in compiled.report().kernels] == [["sum", "mean", "add", "topk", "add"]]
     xs = np.random.default_rng(0).standard_normal((5, 17)).astype("float32")
     expected = xs.sum(1, keepdims=True) + xs.mean(0) + xs.max(1, keepdims=True)

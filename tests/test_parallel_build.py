@@ -5,6 +5,7 @@ import tvm
 from tvm import relax
 
 import tvm_ext
+from conftest import build_module
 from relay_passes.plan_memory import PlanMemory
 from tvm_ext.build_pipeline import build_executable, relax_pipeline
 from tvm_ext.compiled_model import CompiledModel, outputs_of, signature_of
@@ -15,17 +16,13 @@ R = relax.op
 
 def _two_kernels():
     """matmul, relu and softmax in one kernel, a second matmul in another (AutoFuse)."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
     rng = np.random.default_rng(0)
     w1, w2 = (relax.const(rng.standard_normal(s).astype("float32")) for s in ((16, 32), (32, 4)))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            h = bb.emit(R.nn.relu(R.matmul(x, w1)))
-            s = bb.emit(R.nn.softmax(h, axis=-1))
-            out = bb.emit_output(R.matmul(s, w2))
-        bb.emit_func_output(out)
-    return bb.get(), w1.value.numpy(), w2.value.numpy()
+
+    def make(x):
+        bb = relax.BlockBuilder.current()
+        return R.matmul(bb.emit(R.nn.softmax(bb.emit(R.nn.relu(R.matmul(x, w1))), axis=-1)), w2)
+    return build_module(make, [((8, 16), "float32")]), w1.value.numpy(), w2.value.numpy()
 
 
 def _numpy(x, w1, w2):
