@@ -14,7 +14,7 @@ from tvm.s_tir.pipeline import finalize_device_passes, finalize_host_passes
 
 from schedules.heuristic import schedule_kernel
 from tvm_ext.machine import Machine
-from tvm_ext.target import cpu_target, host_target
+from tvm_ext.target import cpu_target, host_target, resolve_target
 from tvm_ext.tir_pipeline import TIR_PIPELINE, lowering_passes, rejoin_index
 
 
@@ -97,3 +97,13 @@ def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
     found = []
     tvm_ffi.structural_walk(func.body, (tirx.For, found.append))
     return found
+
+
+def test_our_cpu_targets_ask_llvm_for_o2_and_a_given_target_keeps_its_level():
+    """Our kernels arrive scheduled and vectorized: LLVM's -O3 cost build time for no speed
+    (see ``cpu_target``). A target the user spells out is left as written."""
+    for target in (host_target(), cpu_target("znver3", cores=2), cpu_target("x86-64", cores=2),
+                   resolve_target("llvm"), resolve_target(None)):
+        assert int(target.attrs["opt-level"]) == 2, target
+    assert "opt-level" not in resolve_target({"kind": "llvm", "mcpu": "znver3"}).attrs
+    assert int(resolve_target({"kind": "llvm", "opt-level": 3}).attrs["opt-level"]) == 3

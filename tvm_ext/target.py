@@ -19,9 +19,14 @@ def cpu_target(mcpu: str, cores: int | None = None) -> tvm.target.Target:
     On AVX-512 CPUs LLVM still prefers 256-bit vectors unless told otherwise; our kernels
     are written for full-width vectors (a vectorized exp ran 2.0x faster with them), so the
     target lifts that preference.
+
+    LLVM optimizes at -O2, not TVM's default -O3: our kernels arrive scheduled, vectorized and
+    unrolled, and O3's extra passes cost build time without making them faster (Zen 4, 18
+    benchmark models: kernels within +-2% but layer_norm 8% faster at O2; the transformer
+    layer compiles in 0.41 s instead of 0.50, matmul 512 in 0.065 s instead of 0.095).
     """
     cores = cores or len(os.sched_getaffinity(0))
-    config = {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
+    config = {"kind": "llvm", "mcpu": mcpu, "num-cores": cores, "opt-level": 2}
     if has_avx512(tvm.target.Target(config)):
         config["mattr"] = ["-prefer-256-bit"]
     return tvm.target.Target(config)
