@@ -47,11 +47,10 @@ from tvm import relax, s_tir, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tvm_ext import attrs
-from tvm_ext.host_memory import PAGE, alignment
+from tvm_ext.host_memory import ALIGN, PAGE, alignment  # ALIGN: a cache line, TVM's own allocation alignment
 from tvm_ext.registry import OPS, OpRegistry
 from tvm_ext.report import MemoryReport
 
-ALIGN = 64  # bytes: every planned tensor starts on a cache line (TVM's own allocation alignment)
 PLANNED_ENTRY = "main_planned"
 RELEASE = "release_registers"  # an empty function: calling it drops the registers of the last call
 
