@@ -46,6 +46,13 @@ class BlockInfo:
     def size(self) -> int:
         return math.prod(self.spatial)
 
+    @property
+    def inner(self) -> int:
+        """Index into ``spatial`` of the innermost axis longer than 1 (trailing axes of 1, as in
+        (4, 48, 900, 1), add nothing to a row); the last axis if none is."""
+        return next((d for d in range(len(self.spatial) - 1, -1, -1) if self.spatial[d] > 1),
+                    len(self.spatial) - 1)
+
     def lanes(self, machine: Machine) -> int:
         return max(1, machine.vector_bytes * 8 // self.dtype_bits)
 

@@ -131,28 +131,34 @@ class MergeAllBlockVectorize(Policy):
 
 
 class Keep2D(Policy):
-    """Keep the innermost axis: block-split the merged outer axes over the cores, vectorize
-    the inner axis (no div/mod in the inner loop's indices)."""
+    """Keep the innermost axis (with any axes of 1 after it): block-split the merged outer axes
+    over the cores, vectorize the inner axis (no div/mod in the inner loop's indices). Where no
+    whole vector divides that axis, its widest divisor up to two vectors (30 lanes of 900)
+    beats a quarter of one (4 lanes): GroupNorm + SiLU over (4, 48, 900), 0.074 -> 0.037 ms on
+    a Zen 4; built for AVX2 there, (4, 48, 30, 30), whose 30 took no vector, 0.085 -> 0.051."""
 
     name = "keep_2d"
     KNOBS = ("vector", "unroll")
 
     def applies(self, info, builder):
-        return info.kind in ("pointwise", "transpose") and len(info.spatial) >= 2 and info.spatial[-1] >= 4
+        return info.kind in ("pointwise", "transpose") and info.inner >= 1 and info.spatial[info.inner] >= 4
 
     def space(self, info):
-        n, lanes = info.spatial[-1], info.lanes(self.machine)
+        n, lanes = info.spatial[info.inner], info.lanes(self.machine)
         vectors = [v for v in (lanes * 2, lanes, lanes // 2, 4) if v >= 4 and n % v == 0]
+        if n % lanes:
+            vectors += [v for v in range(2 * lanes, lanes, -1) if n % v == 0][:1]
         return {"vector": sorted(set(vectors), reverse=True) or [0], "unroll": [False, True]}
 
     def apply(self, builder, info, knobs):
         impl = builder.impl(info.name)
         names = impl.names
-        rest = self.vectorize_tail(builder, info.name, names[-1], knobs["vector"])
+        inner = impl.merge_all(names[info.inner:]) if info.inner < len(names) - 1 else names[-1]
+        rest = self.vectorize_tail(builder, info.name, inner, knobs["vector"])
         if rest is not None and knobs.get("unroll") and impl[rest].size <= 8:
             impl.mark_unrolled(rest)
             rest = None
-        outer = names[:-1] + ([rest] if rest is not None else [])
+        outer = names[:info.inner] + ([rest] if rest is not None else [])
         self.parallel_outer(builder, info.name, outer, info.size)
         return [info.name]
 

@@ -447,6 +447,28 @@ def test_a_last_axis_without_a_full_vector_merges_when_every_read_is_at_the_bloc
     np.testing.assert_allclose(got, np.exp(x) * 2.0, rtol=2e-6)
 
 
+@pytest.mark.parametrize("vector_bytes,lanes_of_900", [(64, 30), (32, 15)])
+@pytest.mark.parametrize("shape", [(4, 48, 900), (4, 48, 900, 1)])
+def test_a_row_no_whole_vector_divides_takes_the_widest_divisor_up_to_two_vectors(vector_bytes, lanes_of_900,
+                                                                                  shape):
+    """A per-channel scale over rows of 900 (a group norm's output pass): 900 is no multiple of
+    16 or 8 lanes. Its widest divisor up to two vectors is 30 with 16 lanes and 15 with 8, not
+    the 4 that divide it (GroupNorm + SiLU over (4, 48, 900): 0.074 -> 0.037 ms, Zen 4). A
+    trailing axis of 1 goes with the row (before: the scale read lane by lane, merged axes)."""
+    machine = Machine(cores=2, vector_bytes=vector_bytes)
+    A = te.placeholder(shape, "float32", name="A")
+    b = te.placeholder((48,), "float32", name="b")
+    func = te.create_prim_func([A, b, te.compute(shape, lambda n, c, *r: A(n, c, *r) * b[c], name="B")])
+    result = schedule_kernel(func, machine)
+    (choice, knobs), = result.choices
+    assert choice.startswith("keep_2d") and knobs["vector"] == lanes_of_900
+    assert f"T.vectorized({lanes_of_900})" in result.script()
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    w = np.random.default_rng(1).standard_normal(48).astype("float32")
+    (got,) = _run(result.func, [x, w], [shape])
+    np.testing.assert_allclose(got, x * w.reshape((1, 48) + (1,) * (len(shape) - 2)), rtol=1e-6)
+
+
 def test_the_host_machine_takes_its_caches_and_model_from_the_os():
     from tvm_ext import host_cpu
     from tvm_ext.machine import is_host
