@@ -252,6 +252,14 @@ def vector_factor(n: int, lanes: int) -> int:
     return 0
 
 
+def row_vector(n: int, lanes: int) -> int:
+    """The vector for a row of ``n``: a whole vector where one divides it, else its widest
+    divisor up to two vectors (900 takes 30 lanes of 16, not 4), else ``vector_factor``'s."""
+    if n % lanes == 0:
+        return lanes
+    return next((v for v in range(2 * lanes, lanes, -1) if n % v == 0), 0) or vector_factor(n, lanes)
+
+
 _ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Min, tirx.Max, tirx.Select, tvm.ir.Call)
 
 

@@ -171,9 +171,9 @@ class ScheduleBuilder:
 
     def prefetch_next_row(self, block: str, axis: str, row: tuple[str, str], rows: int) -> None:
         """While ``block``'s loop ``axis`` walks a row (one vector an iteration), fetch the
-        same place of the next row of every input shaped like the output (whose first ``rows``
-        dimensions are the rows ``row`` = (block, axis) walks) into the cache, so that the next
-        row's loads overlap this row's arithmetic instead of following it."""
+        same place of the next row of every input shaped like the output (``rows`` rows of
+        contiguous elements, which ``row`` = (block, axis) walks) into the cache, so that the
+        next row's loads overlap this row's arithmetic instead of following it."""
         self.prefetches.append((block, axis, row, rows))
 
     def _rebind_under(self, name: str, target: str, axis: str) -> None:
@@ -223,11 +223,11 @@ _CACHE_LINE = 64  # bytes; x86 and most Arm cores
 
 def _prefetch_next_row(func: tirx.PrimFunc, loop: tirx.Var, span: int, row: tirx.Var, rows: int) -> tirx.PrimFunc:
     """``func`` with prefetches at the top of ``loop``'s body for each input shaped like the
-    output: the cache lines of elements ``loop * span`` to ``(loop + 1) * span`` of row ``row + 1``
-    (the last row prefetches itself)."""
+    output (``rows`` rows): the cache lines of elements ``loop * span`` to ``(loop + 1) * span``
+    of row ``row + 1`` (the last row prefetches itself)."""
     out = func.params[-1]
     shape = [int(d) for d in out.shape]
-    n_rows, n_cols = math.prod(shape[:rows]), math.prod(shape[rows:])
+    n_rows, n_cols = rows, math.prod(shape) // rows
     inputs = [p for p in func.params[:-1] if [int(d) for d in p.shape] == shape and p.dtype == out.dtype]
     if not inputs:
         return func

@@ -295,6 +295,73 @@ def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumul
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+def _group_norm_silu(shape, groups):
+    """The one unscheduled kernel of GroupNorm(groups) + SiLU over x of ``shape`` (NCHW)."""
+    c = shape[1]
+    mod = build_module(lambda x, g, b: R.nn.silu(R.nn.group_norm(x, g, b, groups, 1, [2, 3])),
+                       [(shape, "float32"), ((c,), "float32"), ((c,), "float32")])
+    pipe = tvm_ext.Pipeline(schedule=False)
+    lowered, _ = pipe.lower(pipe.prepare(mod))
+    return next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def _group_norm_silu_ref(x, gamma, beta, groups, eps=1e-5):
+    g = x.reshape(x.shape[0], groups, -1).astype("float64")
+    y = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)).reshape(x.shape)
+    y = y * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1)
+    return y / (1 + np.exp(-y))
+
+
+@pytest.mark.parametrize("vector_bytes,shape,groups,width,channel_loop", [
+    # 2 x 12 x 16 x 16, 4 groups: 8 rows (n, g) of 3 channels x 256; a channel's 256 take two
+    # vectors an iteration (32 lanes with AVX-512, 16 with AVX2), under a loop over its 3 channels
+    (64, (2, 12, 16, 16), 4, 32, 3),
+    (32, (2, 12, 16, 16), 4, 16, 3),
+    # 4 x 48 x 30 x 30, 8 groups: 32 rows of 6 channels x 900; no whole vector divides 900, so
+    # 30 lanes (15 with AVX2) in one loop over (channel, vector): 6 x 30 (6 x 60)
+    (64, (4, 48, 30, 30), 8, 30, None),
+    (32, (4, 48, 30, 30), 8, 15, None),
+])
+def test_persistent_rows_takes_a_group_norm_one_group_at_a_time(vector_bytes, shape, groups, width, channel_loop):
+    """GroupNorm's statistics come from a grouped view (N, G, C/G, H, W), its output pass is on
+    (N, C, H, W): the output's channel axis splits into (group, channel in group), and every
+    stage then runs under one parallel loop over the N x G groups. A group is read from memory
+    once and its other two passes find it in cache (before: three parallel loops over all of x;
+    GroupNorm + SiLU over 8 x 320 x 64 x 64, beyond L3, 4.08 -> 3.07 ms on a Zen 4)."""
+    machine = Machine(cores=2, vector_bytes=vector_bytes)
+    func = _group_norm_silu(shape, groups)
+    builder = ScheduleBuilder(func)
+    per = shape[1] // groups
+    assert PersistentRows(machine).rows(builder) == (2, (1, per))
+    result = schedule_kernel(func, machine)
+    assert [c.partition("@")[0] for c, _ in result.choices] == ["persistent_rows"]
+    root = result.func.body.block.body
+    assert isinstance(root, tvm.tirx.For), "every stage under one loop"
+    assert int(root.extent) == shape[0] * groups and root.kind == tvm.tirx.ForKind.PARALLEL
+    text = result.script()
+    assert f"T.vectorized({width})" in text
+    hw = shape[2] * shape[3]
+    if channel_loop is not None:
+        assert f"T.grid({channel_loop}, {hw // width})" in text
+    else:
+        assert f"in range({per * hw // width}):" in text
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 3 + 50).astype("float32")  # a mean far from 0
+    gamma, beta = (rng.standard_normal(shape[1]).astype("float32") for _ in range(2))
+    (got,) = _run(result.func, [x, gamma, beta], [shape])
+    np.testing.assert_allclose(got, _group_norm_silu_ref(x, gamma, beta, groups), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("l1_bytes,prefetches", [(32 << 10, 1), (4 << 10, 0)])
+def test_persistent_rows_prefetches_the_next_row_only_where_two_rows_fit_in_l1(l1_bytes, prefetches):
+    # softmax rows of 1024 floats (4 KiB): the next row's prefetches go beside the row being
+    # worked on, in L1; with an L1 of 4 KiB they would evict it
+    machine = Machine(cores=2, vector_bytes=64, l1_bytes=l1_bytes)
+    builder = ScheduleBuilder(_softmax(8, 1024))
+    PersistentRows(machine).apply(builder, block_infos(builder.sch)[-1], {"vector": 16, "prefetch": 1})
+    assert builder.result("k").script().count("llvm.prefetch") == prefetches
+
+
 def test_register_tile_i_block_keeps_a_block_of_rows_across_the_j_tiles():
     # 1024 rows over 2 cores, 8-row tiles: 64 i tiles a core, blocked by 16 (128 rows); per k
     # chunk: i block, then j tiles, then the i tiles of the block
