@@ -402,7 +402,6 @@ class RegisterTiledAnchor(Policy):
         space = self.space(info)
         knobs = {k: v[0] for k, v in space.items()}
         knobs["epilogue"] = fuse_epilogue
-        knobs["k_unroll"] = 4
         # about 256 accumulators (16 AVX-512 registers): 8 rows of a 32-wide tile (measured best
         # at 1024: 111 GFLOP/s, against 69 for 4 rows), as many rows as the registers hold with
         # the row of B and a broadcast: AVX2's 16 take 6 rows of 2 vectors (matmul 768^3 built
@@ -418,6 +417,13 @@ class RegisterTiledAnchor(Policy):
         fits = [b for b in space["tile_b"]
                 if b * vectors_j * (knobs["tile_i"] + 1) + 1 <= self.machine.vector_registers]
         knobs["tile_b"] = max(fits, default=1)
+        # k is unrolled 4 times where one step of it is fewer than 16 vector FMAs: the loop's own
+        # instructions (counter, compare, branch, pointer steps) beside them take a share of the
+        # issue slots (AVX2's 6 x 2 tile: the inverted residual 3-5% slower at one step an
+        # iteration). AVX-512's 8 x 2 tile keeps one step: the same speed (8 models, +-1.5%, Zen 4)
+        # and a quarter of the code, 10 ms less of LLVM's time per matmul kernel (matmul 512: 45 -> 36)
+        fmas = knobs["tile_i"] * vectors_j * knobs["tile_b"]
+        knobs["k_unroll"] = 1 if fmas >= 16 else 4
         # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
         # 1024^3 that took a matmul from 92 to 200 GFLOP/s, at 2048^3 from 55 to 166. The
         # chunk is the longest whose panel takes at most 1/32 of L2: each chunk reads and

@@ -694,19 +694,20 @@ def test_a_short_row_axis_is_the_whole_register_tile():
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("mcpu, n, tile", [("skylake-avx512", 1024, (8, 32)), ("znver3", 1024, (4, 16)),
-                                           ("znver3", 768, (6, 16)), ("x86-64", 768, (6, 8))])
-def test_the_register_tile_fits_the_machines_vector_registers(mcpu, n, tile):
+@pytest.mark.parametrize("mcpu, n, tile, k_unroll", [("skylake-avx512", 1024, (8, 32), 1), ("znver3", 1024, (4, 16), 4),
+                                                     ("znver3", 768, (6, 16), 4), ("x86-64", 768, (6, 8), 4)])
+def test_the_register_tile_fits_the_machines_vector_registers(mcpu, n, tile, k_unroll):
     # accumulators (rows x vectors of B's row), B's row and a broadcast stay in registers:
     # AVX-512's 32 hold 8 rows of 2 vectors; AVX2's and SSE's 16 hold (6 + 1) x 2 + 1 = 15, so
     # 6 rows where they divide the axis (768), else 4 (1024). 8 rows there spilled (110 GFLOP/s
-    # against 187 for 4 at 1024^3, AVX2 code on a Zen 4)
+    # against 187 for 4 at 1024^3, AVX2 code on a Zen 4). A k step of AVX-512's tile is 16 FMAs,
+    # one step a loop iteration; the smaller tiles' 8 or 12 are unrolled 4 steps an iteration
     machine = Machine.for_target(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
     A = te.placeholder((n, 256), "float32", name="A")
     B = te.placeholder((256, n), "float32", name="B")
     k = te.reduce_axis((0, 256), name="k")
     func = te.create_prim_func([A, B, te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")])
     (choice,) = schedule_kernel(func, machine).choices
-    assert (choice[1]["tile_i"], choice[1]["tile_j"]) == tile
+    assert (choice[1]["tile_i"], choice[1]["tile_j"], choice[1]["k_unroll"]) == (*tile, k_unroll)
     vectors = tile[1] // (machine.vector_bytes // 4)
     assert (tile[0] + 1) * vectors + 1 <= machine.vector_registers
