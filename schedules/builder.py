@@ -97,17 +97,17 @@ class ScheduleBuilder:
         another group's axes (kept with their names), the others get fresh names."""
         block = self.sch.get_sblock(name)
         loops = self.sch.get_loops(block)
+        stmts = [self.sch.get(loop) for loop in loops]  # each sch.get pays TVM's type check
         shared = shared or []
-        kinds = _loop_kinds(self.sch, block, loops)
+        kinds = _loop_kinds(self.sch.get(block), stmts)
         axes = list(shared)
         taken = {a.name for a in shared}
-        for i, loop in enumerate(loops[len(shared):], start=len(shared)):
+        for i, stmt in enumerate(stmts[len(shared):], start=len(shared)):
             fresh = f"z{i}"
             while fresh in taken:  # a shared axis made by a split or merge can hold the name
                 fresh += "'"
             taken.add(fresh)
-            axes.append(Axis(fresh, AxisType.ORIGINAL, int(self.sch.get(loop).extent), f"s{i}",
-                             reduce=kinds[i]))
+            axes.append(Axis(fresh, AxisType.ORIGINAL, int(stmt.extent), f"s{i}", reduce=kinds[i]))
         return ImplGraph(name, axes).bind(self.sch, loops)
 
     # ------------------------------------------------------------------ multi-block operations
@@ -274,18 +274,13 @@ def _alias_to_output(func: tirx.PrimFunc, tmp_name: str, out_name: str) -> tirx.
     return widened.specialize({tmp: next(p for p in func.params if p.name == out_name)})
 
 
-def _loop_kinds(sch: s_tir.Schedule, block, loops) -> list[bool]:
-    """Whether each loop drives a reduction iterator of the block."""
-    blk = sch.get(block)
+def _loop_kinds(blk: s_tir.SBlock, loops: list[tirx.For]) -> list[bool]:
+    """Whether each loop (outermost first) drives a reduction iterator of the block ``blk``."""
     if not loops:
         return []
-    realize = sch.get(loops[-1]).body
-    values = getattr(realize, "iter_values", None)
+    values = getattr(loops[-1].body, "iter_values", None)
     if values is None:  # not directly under its innermost loop: say spatial
         return [False] * len(loops)
-    reduce_bindings = [v for iv, v in zip(blk.iter_vars, values) if int(iv.iter_type) == REDUCE]
-    return [any(_uses(b, sch.get(loop).loop_var) for b in reduce_bindings) for loop in loops]
-
-
-def _uses(expr, var) -> bool:
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr, []))
+    used = [v for iv, b in zip(blk.iter_vars, values) if int(iv.iter_type) == REDUCE
+            for v in tirx.analysis.undefined_vars(b, [])]
+    return [any(v.same_as(loop.loop_var) for v in used) for loop in loops]
