@@ -352,6 +352,24 @@ def test_persistent_rows_takes_a_group_norm_one_group_at_a_time(vector_bytes, sh
     np.testing.assert_allclose(got, _group_norm_silu_ref(x, gamma, beta, groups), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape,groups", [((2, 33, 7, 9), 3), ((2, 17, 5, 5), 17), ((2, 17, 6, 6), 1),
+                                          ((3, 12, 1, 1), 4), ((2, 8, 1, 33), 4), ((2, 16, 33, 1), 8)])
+def test_a_group_norm_of_any_grouping_compiles_group_by_group(shape, groups):
+    # odd channel counts, a group a channel (instance norm), one group (layer norm over C, H, W),
+    # a 1 x 1 image and axes of 1: the same one loop over the groups, numerics as numpy's
+    c = shape[1]
+    mod = build_module(lambda x, g, b: R.nn.silu(R.nn.group_norm(x, g, b, groups, 1, [2, 3])),
+                       [(shape, "float32"), ((c,), "float32"), ((c,), "float32")])
+    compiled = tvm_ext.compile(mod)
+    (kernel,) = compiled.report().kernels
+    assert {p.split(":")[1] for p in kernel.schedule.split(", ")} == {"persistent_rows"}
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 2 + 10).astype("float32")
+    gamma, beta = (rng.standard_normal(c).astype("float32") for _ in range(2))
+    np.testing.assert_allclose(compiled(x, gamma, beta), _group_norm_silu_ref(x, gamma, beta, groups),
+                               rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("l1_bytes,prefetches", [(32 << 10, 1), (4 << 10, 0)])
 def test_persistent_rows_prefetches_the_next_row_only_where_two_rows_fit_in_l1(l1_bytes, prefetches):
     # softmax rows of 1024 floats (4 KiB): the next row's prefetches go beside the row being
