@@ -420,8 +420,8 @@ class RegisterTiledAnchor(Policy):
         # k is unrolled 4 times where one step of it is fewer than 16 vector FMAs: the loop's own
         # instructions (counter, compare, branch, pointer steps) beside them take a share of the
         # issue slots (AVX2's 6 x 2 tile: the inverted residual 3-5% slower at one step an
-        # iteration). AVX-512's 8 x 2 tile keeps one step: the same speed (8 models, +-1.5%, Zen 4)
-        # and a quarter of the code, 10 ms less of LLVM's time per matmul kernel (matmul 512: 45 -> 36)
+        # iteration). AVX-512's 8 x 2 tile keeps one step: the same speed (9 models within +-1.2%,
+        # Zen 4), a quarter of the code and less of LLVM's time (matmul 512's kernel 43 -> 34 ms)
         fmas = knobs["tile_i"] * vectors_j * knobs["tile_b"]
         knobs["k_unroll"] = 1 if fmas >= 16 else 4
         # block k when a column panel of B (k x tile_j floats) no longer fits in L1: at
@@ -629,12 +629,13 @@ class PersistentRows(Policy):
                     builder.groups[combines[name]].role = "vector combine"
         out = names[-1]
         impl = builder.impl(out)
-        own = 1
+        own = 1  # the output's axes from which the columns are merged
         if split is not None:  # (..., C, ...) -> (..., G, C/G, ...): the rows are the groups
             impl.tile_split(impl.names[split[0]], split[1])
             # a group's channels stay an axis of their own: a vector across two channels would
             # gather their scale and shift (GroupNorm + SiLU 4x48x30x30: 0.117 ms, against 0.040)
-            own += rows == split[0] + 1 and len(impl.names) > rows + 1
+            if rows == split[0] + 1 and len(impl.names) > rows + 1:
+                own = 2
         row = impl.merge_all(impl.names[:rows])
         builder.groups[out].role = "output row"
         cols = impl.merge_all(impl.names[own:]) if len(impl.names) > own + 1 else impl.names[own]
@@ -646,9 +647,9 @@ class PersistentRows(Policy):
             width = 2 * vector if row_len % (2 * vector) == 0 else row_vector(row_len, vector)
         outer = self.vectorize_tail(builder, out, cols, width)
         if own > 1 and outer is not None and outer != cols and width % vector:
-            # a vector of whole registers or one loop over (channel, vector): LLVM hoists a
-            # channel's scale and shift out of a loop of their own, and spills a vector of 15
-            # lanes in pieces (AVX2, 4x48x30x30: 91 against 80 instructions an iteration)
+            # a vector of no whole number of registers: (channel, vector) become one loop. Under
+            # a loop of their own LLVM hoists the channel's scale and shift, split in pieces, and
+            # spills them (AVX2's 15 lanes of 900: 91 instructions an iteration against 80)
             impl.merge(impl.names[1], outer)
         order = [m for n in names[:-1] for m in [partials.get(n), combines.get(n), n] if m]
         for name in reversed(order):
