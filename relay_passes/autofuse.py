@@ -83,7 +83,8 @@ STOP_RULES: dict[str, str] = {
     "block-output": "The value is read after the dataflow block.",
     "non-op-reader": "The value is read by a binding that is not an op call (a tuple, a call "
                      "of another function): it is realized.",
-    "kernel-merge": "Joining the reader's kernels would create a cycle between kernels.",
+    "kernel-merge": "Joining all the reader's kernels would create a cycle between kernels: the reader "
+                    "joins the newest one it can join alone and reads the other inputs from memory.",
     "rollback": "The kernel covered fewer than rollback_threshold ops (the seed's count rule), or, with a "
                 "judge (compile(rollback=\"measure\"), tune), it ran more than rollback_margin slower than "
                 "its ops as kernels of their own: its ops get their own kernels.",
@@ -349,13 +350,7 @@ class _Lowering:
             values[v] = box.value
         kernel = self._merge(joined, members, frozenset(views))
         if kernel is None and any(k is not None for k in joined):
-            for v, value in list(values.items()):  # cannot join them all: read them from memory
-                i = g.index_of.get(v)
-                box = self.plan.boxes.get(i) if i is not None else None
-                if box is not None and box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
-                    self._realize(box, "kernel-merge", f"for {node.name}")
-                    values[v] = box.value
-            members = {n}
+            kernel, members = self._merge_one(node, values, views)
         stages_before = len(self.kb.stages)
         try:
             out = lower_call(node.var, node.value, node.opdef, values, self.kb, [])
@@ -378,6 +373,35 @@ class _Lowering:
                 self._realize(box, "reduction", "local_stages=False: written to memory, as the seed's rule 1")
         elif not isinstance(out, list):
             self._stop_rules(node, boxes[0])
+
+    def _merge_one(self, node: GraphNode, values: dict, views: set) -> tuple[int | None, set]:
+        """The reader cannot join all its inputs' kernels (a cycle): it joins the newest one it
+        can join alone, with the inputs in no kernel where it can, and reads the others from memory. A
+        pre-norm block's residual add joins the kernel of its last matmul and reads the skip
+        connection, where it was a kernel of its own. Returns the kernel (None if it joins
+        none) and the nodes the reader recomputes."""
+        g, n = self.g, node.index
+        fused = []
+        for v in values:
+            i = g.index_of.get(v)
+            box = self.plan.boxes.get(i) if i is not None else None
+            if box is not None and box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
+                fused.append((v, box))
+        kernel, kept, members = None, [], {n}
+        tries = [(keep, free) for keep in sorted({box.kernel for _, box in fused if box.kernel is not None}, reverse=True)
+                 for free in (True, False)]  # with the inputs in no kernel, then without them
+        for keep, free in tries:
+            part = [(v, box) for v, box in fused if box.kernel == keep or (free and box.kernel is None)]
+            joining = {n}.union(*(box.members for _, box in part if box.kind is BoxKind.FUSABLE))
+            kernel = self._merge({keep}, joining, frozenset(views & joining))
+            if kernel is not None:
+                kept, members = part, joining
+                break
+        for v, box in fused:
+            if not any(box is b for _, b in kept):
+                self._realize(box, "kernel-merge", f"for {node.name}")
+                values[v] = box.value
+        return kernel, members
 
     def _box(self, n: int, value: TensorValue, members: frozenset, kernel: int | None) -> KernelBox:
         expr = value.load(tuple(tirx.Var(f"i{d}", "int32") for d in range(value.ndim)))

@@ -539,6 +539,29 @@ def test_a_reader_that_would_close_a_cycle_between_kernels_starts_its_own():
     np.testing.assert_allclose(compiled(xs), sums * np.sort(xs / sums, axis=1), rtol=1e-6)
 
 
+def test_a_reader_that_cannot_join_all_its_kernels_joins_the_newest_it_can():
+    # a pre-norm block's residual: gv = a + m2, where a = x + 1 feeds softmax -> matmul -> relu ->
+    # matmul (m2). Joining a's computation and m2's kernel would close a cycle through the first
+    # matmul's kernel; gv joins m2's kernel alone and reads a from memory (before: a kernel of
+    # its own for gv, reading a and m2 back: 5 kernels, now 4)
+    def make(x, w1, w2):
+        a = R.add(x, relax.const(1.0, "float32"))
+        return R.add(a, R.matmul(R.nn.relu(R.matmul(R.nn.softmax(a, axis=-1), w1)), w2))
+    mod = build_module(make, [((64, 128), "float32"), ((128, 128), "float32"), ((128, 128), "float32")])
+    compiled = tvm_ext.compile(mod, fusion="autofuse")
+    report = compiled.report()
+    assert [k.ops for k in report.kernels] == [["add"], ["add", "nn.softmax"], ["matmul", "nn.relu"], ["matmul", "add"]]
+    log = report.decisions_text()
+    assert "lv add                      realize kernel-merge: for gv" in log
+    assert "matmul                   realize kernel-merge" not in log
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype("float32") for s in [(64, 128), (128, 128), (128, 128)])
+    a = x + 1
+    e = np.exp(a - a.max(-1, keepdims=True))
+    np.testing.assert_allclose(compiled(x, w1, w2), a + np.maximum(e / e.sum(-1, keepdims=True) @ w1, 0) @ w2,
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_kernels_merged_around_a_multi_output_node_renumber_its_boxes_too():
     # topk's two outputs share one node, whose boxes are a list: the merge of the sum's kernel
     # with the mean's (both read by `a`) must renumber them as it does single boxes
