@@ -31,6 +31,7 @@ node attributes (``sym.AttrScope``), carried to Relax as the function attribute
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -376,10 +377,10 @@ class _Lowering:
 
     def _merge_one(self, node: GraphNode, values: dict, views: set) -> tuple[int | None, set]:
         """The reader cannot join all its inputs' kernels (a cycle): it joins the newest one it
-        can join alone, with the inputs in no kernel where it can, and reads the others from memory. A
-        pre-norm block's residual add joins the kernel of its last matmul and reads the skip
-        connection, where it was a kernel of its own. Returns the kernel (None if it joins
-        none) and the nodes the reader recomputes."""
+        can join alone, with the inputs in no kernel where it can, and reads the others from
+        memory. A pre-norm block's residual add joins the kernel of its last matmul and reads
+        the skip connection, where it was a kernel of its own. Returns the kernel (None if it
+        joins none) and the nodes the reader recomputes."""
         g, n = self.g, node.index
         fused = []
         for v in values:
@@ -388,9 +389,9 @@ class _Lowering:
             if box is not None and box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
                 fused.append((v, box))
         kernel, kept, members = None, [], {n}
-        tries = [(keep, free) for keep in sorted({box.kernel for _, box in fused if box.kernel is not None}, reverse=True)
-                 for free in (True, False)]  # with the inputs in no kernel, then without them
-        for keep, free in tries:
+        kernels = sorted({box.kernel for _, box in fused if box.kernel is not None}, reverse=True)
+        frees = (True, False) if any(box.kernel is None for _, box in fused) else (False,)
+        for keep, free in itertools.product(kernels, frees):  # with the inputs in no kernel first
             part = [(v, box) for v, box in fused if box.kernel == keep or (free and box.kernel is None)]
             joining = {n}.union(*(box.members for _, box in part if box.kind is BoxKind.FUSABLE))
             kernel = self._merge({keep}, joining, frozenset(views & joining))
