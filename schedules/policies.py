@@ -568,12 +568,13 @@ class PersistentRows(Policy):
         return {"vector": [lanes, lanes // 2] if lanes >= 8 else [lanes], "prefetch": [1, 0],
                 "accumulators": [4, 1]}
 
-    def rows(self, builder: ScheduleBuilder) -> tuple[int, tuple[int, int] | None] | None:
+    def rows(self, builder: ScheduleBuilder, infos: list[BlockInfo] | None = None
+             ) -> tuple[int, tuple[int, int] | None] | None:
         """How many leading axes every stage shares (None if this form does not fit), and the
         output axis split into (groups, per group), as (axis, per), where the statistics come
         from a grouped view of it: a group norm's (N, G, C/G, H, W) against its output's
         (N, C, H, W), whose rows are then (n, g), C/G x H x W contiguous elements each."""
-        infos = block_infos(builder.sch)
+        infos = infos or block_infos(builder.sch)
         reductions = [i for i in infos if i.reduce]
         if len(infos) < 2 or not reductions or any(i.kind == "anchor" for i in infos):
             return None
@@ -597,9 +598,10 @@ class PersistentRows(Policy):
         return (rows, split) if 0 < rows < len(out_shape) else None
 
     def apply(self, builder, info, knobs):
-        rows, split = self.rows(builder)
+        infos = block_infos(builder.sch)
+        rows, split = self.rows(builder, infos)
         names = builder.block_names()
-        flat = {i.name: i.flat_reduce for i in block_infos(builder.sch)}
+        flat = {i.name: i.flat_reduce for i in infos}
         vector = knobs["vector"]
         staged = {builder.block(n).writes[0].source.name for n in names[:-1]
                   if not any(a.reduce for a in builder.impl(n).axis)}
