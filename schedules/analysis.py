@@ -253,10 +253,11 @@ def vector_factor(n: int, lanes: int) -> int:
 
 
 def row_vector(n: int, lanes: int) -> int:
-    """The vector for a row of ``n``: a whole vector where one divides it, else its widest
-    divisor up to two vectors (900 takes 30 lanes of 16, not 4), else ``vector_factor``'s."""
+    """The widest vector for a pointwise row of ``n`` (keep_2d's first choice): two whole
+    vectors or one where they divide it, else its widest divisor up to two vectors (900 takes
+    30 lanes of 16, not 4), else ``vector_factor``'s."""
     if n % lanes == 0:
-        return lanes
+        return 2 * lanes if n % (2 * lanes) == 0 else lanes
     return next((v for v in range(2 * lanes, lanes, -1) if n % v == 0), 0) or vector_factor(n, lanes)
 
 

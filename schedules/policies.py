@@ -642,11 +642,10 @@ class PersistentRows(Policy):
         builder.groups[out].role = "output row"
         cols = impl.merge_all(impl.names[own:]) if len(impl.names) > own + 1 else impl.names[own]
         row_len = impl[cols].size
-        width = vector_factor(row_len, vector)
-        if own > 1:  # a channel's pass runs as keep_2d runs a pointwise row: two vectors an
-            # iteration where they divide it, two exps in flight (GroupNorm + SiLU on a Zen 4,
-            # 4x48x32x32 and 2x64x64x64: 8% faster than one vector; built for AVX2 there, 17%)
-            width = 2 * vector if row_len % (2 * vector) == 0 else row_vector(row_len, vector)
+        # a channel's pass runs as keep_2d runs a pointwise row: two vectors an iteration where
+        # they divide it, two exps in flight (GroupNorm + SiLU on a Zen 4, 4x48x32x32 and
+        # 2x64x64x64: 8% faster than one vector; built for AVX2 there, 17%)
+        width = row_vector(row_len, vector) if own > 1 else vector_factor(row_len, vector)
         outer = self.vectorize_tail(builder, out, cols, width)
         if own > 1 and outer is not None and outer != cols and width % vector:
             # a vector of no whole number of registers: (channel, vector) become one loop. Under
