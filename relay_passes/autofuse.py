@@ -318,7 +318,7 @@ class _Lowering:
         g, n = self.g, node.index
         anchor = _is_anchor(node)
         shape_only = [node.value.args[i] for i in (node.opdef.shape_only if node.opdef is not None else ())]
-        joined: set = set()
+        fused: list = []  # (var, box) of the inputs whose kernels it may join
         members = {n}
         views: set = set()  # recomputed re-indexings of memory
         values: dict = {}
@@ -347,11 +347,12 @@ class _Lowering:
                     self._decide(box.node, "inline", "fusable",
                                  f"into {node.name}" + (" (recomputed)" if len(g.op_readers(g[box.node])) > 1 else ""))
             if box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
-                joined.add(box.kernel)
+                fused.append((v, box))
             values[v] = box.value
+        joined = {box.kernel for _, box in fused}
         kernel = self._merge(joined, members, frozenset(views))
         if kernel is None and any(k is not None for k in joined):
-            kernel, members = self._merge_one(node, values, views)
+            kernel, members = self._merge_one(node, fused, values, views)
         stages_before = len(self.kb.stages)
         try:
             out = lower_call(node.var, node.value, node.opdef, values, self.kb, [])
@@ -375,19 +376,13 @@ class _Lowering:
         elif not isinstance(out, list):
             self._stop_rules(node, boxes[0])
 
-    def _merge_one(self, node: GraphNode, values: dict, views: set) -> tuple[int | None, set]:
+    def _merge_one(self, node: GraphNode, fused: list, values: dict, views: set) -> tuple[int | None, set]:
         """The reader cannot join all its inputs' kernels (a cycle): it joins the newest one it
         can join alone, with the inputs in no kernel where it can, and reads the others from
         memory. A pre-norm block's residual add joins the kernel of its last matmul and reads
         the skip connection, where it was a kernel of its own. Returns the kernel (None if it
         joins none) and the nodes the reader recomputes."""
-        g, n = self.g, node.index
-        fused = []
-        for v in values:
-            i = g.index_of.get(v)
-            box = self.plan.boxes.get(i) if i is not None else None
-            if box is not None and box.kind in (BoxKind.FUSABLE, BoxKind.LOCAL):
-                fused.append((v, box))
+        n = node.index
         kernel, kept, members = None, [], {n}
         kernels = sorted({box.kernel for _, box in fused if box.kernel is not None}, reverse=True)
         frees = (True, False) if any(box.kernel is None for _, box in fused) else (False,)
