@@ -529,7 +529,7 @@ class RegisterTiledAnchor(Policy):
             impl.mark_unrolled(kt)
         if blocked is not None:
             impl.mark_parallel(blocked)
-        builder.decompose_reduction(name, (k_chunks or reduce)[0])
+        builder.decompose_reduction(name, (k_chunks or reduce)[0], flat_init=impl[jt].size if k_chunks else 0)
         builder.groups[name].role = "register tile"
         return placed
 

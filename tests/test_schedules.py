@@ -397,6 +397,29 @@ def test_register_tile_i_block_keeps_a_block_of_rows_across_the_j_tiles():
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("i_block", [0, 128])
+def test_a_register_tiles_initialization_hoisted_above_its_k_chunks_is_one_vectorized_loop(i_block):
+    # split into k chunks, the tile's zeros go above the chunks, over all of a core's rows: they
+    # are one loop over C in C's order, a vector (tile_j) an iteration, not the tile's unrolled
+    # loops (LLVM's code generation slowed down on those stores: 0.2 s for one kernel)
+    func = _matmul(1024, 256, 48)
+    builder = ScheduleBuilder(func)
+    info = block_infos(builder.sch)[0]
+    knobs = {"tile_j": 16, "tile_i": 8, "k_unroll": 4, "epilogue": False, "k_block": 128, "i_block": i_block}
+    RegisterTiledAnchor(MACHINE).apply(builder, info, knobs)
+    sch = builder.sch
+    init_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("C_init"))]
+    outer = [loop for loop in init_loops if loop.kind == tvm.tirx.ForKind.PARALLEL]
+    inner = init_loops[len(outer):]
+    assert len(outer) == 1 and len(inner) == 2
+    assert inner[0].kind == tvm.tirx.ForKind.SERIAL and int(inner[0].extent) * 16 == 1024 // 2 * 48
+    assert inner[1].kind == tvm.tirx.ForKind.VECTORIZED and int(inner[1].extent) == 16
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((1024, 256)).astype("float32"), rng.standard_normal((256, 48)).astype("float32")
+    (got,) = _run(builder.result("k").func, [a, b], [(1024, 48)])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("l2_kib, vector_bytes, k_block", [(2048, 64, 512), (1024, 64, 256), (512, 32, 256)])
 def test_register_tile_k_chunk_is_the_longest_whose_b_panel_takes_a_32nd_of_l2(l2_kib, vector_bytes, k_block):
     # 1024 x 1024 x 256: a B panel of all k (1024 x 2 vectors of floats) outgrows L1, so k is
