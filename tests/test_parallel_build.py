@@ -3,6 +3,7 @@ its imports, runs, exports and loads like tvm.compile's single library."""
 import threading
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
@@ -96,3 +97,27 @@ def test_each_kernels_machine_code_is_generated_while_building_on_a_worker_threa
     assert len(kernels) == 2
     assert {name for name, _ in looked_up} >= kernels
     assert all(not on_main for name, on_main in looked_up if name in kernels)
+
+
+def _llvm_modules(module):
+    for lib in module.imports:
+        if lib.kind == "llvm":
+            yield lib
+        yield from _llvm_modules(lib)
+
+
+def test_our_kernels_are_built_without_argument_checks_and_the_model_still_checks_its_inputs():
+    # the VM hands a kernel its own tensors and the inputs CompiledModel has checked: the kernel's
+    # entry does not check them again (no error to raise in its code)
+    mod, w1, w2 = _two_kernels()
+    model, _ = _build(mod, jobs=2)
+    libs = list(_llvm_modules(model.executable.mod))
+    assert len(libs) == 2
+    for lib in libs:
+        assert "TVMFFIErrorSetRaised" not in lib.inspect_source("ll")
+    x = np.random.default_rng(3).standard_normal((8, 16)).astype("float32")
+    np.testing.assert_allclose(model(x), _numpy(x, w1, w2), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tvm_ext.InputError, match="shape"):
+        model(np.zeros((8, 15), "float32"))
+    with pytest.raises(tvm_ext.InputError):
+        model(np.zeros((16, 8), "float32").T)

@@ -41,7 +41,8 @@ def build_executable(vm_module: tvm.IRModule, target: tvm.target.Target, jobs: i
     A thread also generates its kernel's machine code. LLVM does that lazily, at the first lookup
     of a function: left to the VM, the user's first call paid it, on one thread (the transformer
     layer's first call took 0.47 s; its five kernels' machine code is 0.51 s of work, on Zen 4).
-    Code generation releases the GIL, so the threads run in parallel."""
+    Code generation releases the GIL, so the threads run in parallel. Our kernels are built
+    without argument checks (``_without_argument_checks``)."""
     count = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in vm_module.functions_items())
     if count == 0:
         return tvm.compile(vm_module, target, relax_pipeline=None, tir_pipeline=TIR_PIPELINE)
@@ -51,10 +52,11 @@ def build_executable(vm_module: tvm.IRModule, target: tvm.target.Target, jobs: i
     rest = vm_build._vmcodegen(builder, vm_module, "bytecode")  # the kernels, left for us to build
     kernels = [(gv, f) for gv, f in rest.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     context = tvm.transform.PassContext.current()  # thread-local: each thread enters the caller's
+    unchecked = _without_argument_checks(context)
 
     def build(kernel: tuple) -> tvm.runtime.Module:
         gv, func = kernel
-        with context:
+        with unchecked if "tvm_ext.kernel" in (func.attrs or {}) else context:
             lib = tvm.tirx.build(tvm.IRModule({gv: func}, attrs=rest.attrs), target=target, pipeline=TIR_PIPELINE)
         lib.get_function(str(func.attrs.get("global_symbol", gv.name_hint)))  # machine code, now
         return lib
@@ -69,3 +71,15 @@ def build_executable(vm_module: tvm.IRModule, target: tvm.target.Target, jobs: i
     params = dict(attrs.get("const_name_to_constant", {}))
     return vm_build.VMExecutable(vm_build._ffi_api.VMLink(builder, target, libs[0],
                                                           list(attrs.get("external_mods", [])), params))
+
+
+def _without_argument_checks(context: tvm.transform.PassContext) -> tvm.transform.PassContext:
+    """``context`` with TIR's assertions off, for our kernels: their entry then does not check
+    its arguments' type, shape, strides and alignment again. The VM passes them its own tensors,
+    made from the same shapes, and the model's inputs, which CompiledModel has checked (shape,
+    dtype, C order, alignment) and the VM's entry matched against their shapes. The checks were
+    about half of a small kernel's LLVM IR: the MLP compiles in 0.21 s instead of 0.27 (Zen 4)."""
+    return tvm.transform.PassContext(opt_level=context.opt_level, required_pass=list(context.required_pass),
+                                     disabled_pass=list(context.disabled_pass),
+                                     instruments=list(context.instruments),
+                                     config={**dict(context.config), "tirx.disable_assert": True})
