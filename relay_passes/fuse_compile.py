@@ -39,6 +39,10 @@ class LoweredGroup:
 # several passes and in codegen, 15-20 us a node each, so nested fast-math forms (Mish's tanh
 # of a log: 1.2e6 nodes) took minutes to compile; log(exp(x) + 1), 8e4 nodes, builds in 0.2 s.
 MAX_INLINED_NODES = 50_000
+# A reduction's body holds no Let (``loop_ir.to_te``): its TIR is the whole tree, which rfactor
+# copies and TVM's passes simplify again and again, Select-heavy forms worst: GELU's erf under a
+# LayerNorm, two sums of 7,860 and 15,730 nodes, built in 6 s (Zen 4); 2,000 keeps it at 0.3 s.
+MAX_REDUCE_NODES = 2_000
 
 
 @dataclass
@@ -140,7 +144,7 @@ def _vdevice_of(ty):
 def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
                 exact_math: bool = False, stages_log: list | None = None) -> LoweredGroup:
     """Compose the Loop IR of every binding of ``func`` and build one PrimFunc. A binding
-    whose expression would grow past ``MAX_INLINED_NODES`` reads its inputs from kernel-local
+    whose expression would grow past its bound (``MAX_INLINED_NODES``, ``MAX_REDUCE_NODES``) reads its inputs from kernel-local
     stages instead (each recorded in ``stages_log`` as (node, op, why))."""
     kb = KernelBuilder(name, exact_math=exact_math)
     env: dict = {}
@@ -201,13 +205,14 @@ def shape_only_params(func: relax.Function, registry: OpRegistry = OPS) -> list[
 
 def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: list,
                    registry: OpRegistry, staged: list):
-    """``_lower_binding``; while the result (or a stage it made) is over ``MAX_INLINED_NODES``,
-    undo it, realize the largest input it inlines, and lower again."""
+    """``_lower_binding``; while the result or a stage it made is over its bound
+    (``MAX_INLINED_NODES``, ``MAX_REDUCE_NODES`` for a reduction), undo it, realize the largest
+    input it inlines, and lower again."""
     while True:
         marks = len(kb.stages), len(kb.inputs), len(const_args)
         value = _lower_binding(b, env, kb, const_args, registry)
-        size = _largest_expr(value, kb.stages[marks[0]:], kb.exact_math)
-        if size <= MAX_INLINED_NODES:
+        size, limit = _most_over(value, kb.stages[marks[0]:], kb.exact_math)
+        if size <= limit:
             return value
         inputs = [(v, env[v]) for v in relax.analysis.free_vars(b.value)
                   if isinstance(env.get(v), TensorValue) and env[v].buffer is None]
@@ -217,15 +222,18 @@ def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: l
         in_size, var, biggest = max(sized, key=lambda x: x[0])
         del kb.stages[marks[0]:], kb.inputs[marks[1]:], const_args[marks[2]:]
         env[var] = kb.realize(biggest, var.name)
-        staged.append((var, f"inlined-size: {b.var.name} would be {size:,} TIR nodes "
-                            f"(> {MAX_INLINED_NODES:,}); {var.name} ({in_size:,}) is a kernel-local stage"))
+        where = " in a reduction" if limit == MAX_REDUCE_NODES else ""
+        staged.append((var, f"inlined-size: {b.var.name} would be {size:,} TIR nodes{where} "
+                            f"(> {limit:,}); {var.name} ({in_size:,}) is a kernel-local stage"))
 
 
-def _largest_expr(value, new_stages: list[Stage], exact_math: bool) -> int:
-    sizes = [L.inlined_size(s.expr, exact_math) for s in new_stages if s.expr is not None]
+def _most_over(value, new_stages: list[Stage], exact_math: bool) -> tuple[int, int]:
+    """(size, bound) of the new stage, or of the value left to inline, furthest over its bound."""
+    sized = [(L.inlined_size(s.expr, exact_math), MAX_REDUCE_NODES if isinstance(s.expr, L.Reduce) else MAX_INLINED_NODES)
+             for s in new_stages if s.expr is not None]
     if isinstance(value, TensorValue) and value.buffer is None:
-        sizes.append(_value_size(value, exact_math))
-    return max(sizes, default=0)
+        sized.append((_value_size(value, exact_math), MAX_INLINED_NODES))
+    return max(sized, key=lambda p: p[0] / p[1], default=(0, 1))
 
 
 def _value_size(value: TensorValue, exact_math: bool) -> int:

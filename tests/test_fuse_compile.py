@@ -273,6 +273,7 @@ def test_nested_fast_forms_stay_under_the_expression_bound(graph, fusion, split,
     assert bool(fuse.log.stages) == split
     bound = fc.MAX_INLINED_NODES
     monkeypatch.setattr(fc, "MAX_INLINED_NODES", 10 ** 9)  # unbounded: the old expression
+    monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)
     out = tvm.transform.Sequential([MakeGroups(fusion), FuseCompile(strict=True)])(mod)
     assert (max(_largest_store(f) for f in _prim_funcs(out).values()) > 3 * bound) == split
 
@@ -288,6 +289,51 @@ def test_a_bounded_kernel_computes_what_the_graph_says(graph, rng):
     compiled = tvm_ext.compile(build_module(make, [((3, 5, 7), "float32")]), strict=True)
     assert any(d.action == "stage" and "inlined-size" in d.reason for d in compiled.report().decisions)
     np.testing.assert_allclose(compiled(x), ref(x), rtol=2e-6, atol=2e-6)
+
+
+def _gelu_layer_norm(gelu):
+    rng = np.random.default_rng(5)
+    gamma, beta = (relax.const(rng.standard_normal(64).astype("float32")) for _ in range(2))
+    return lambda x: R.nn.layer_norm(gelu(x), gamma, beta, axes=[-1]), gamma.value.numpy(), beta.value.numpy()
+
+
+def _largest_reduction_store(func) -> int:
+    """The largest stored value (``tir_inlined_size``) of a block with a reduce iterator."""
+    import tvm_ffi
+    from tvm_ext import loop_ir as L
+    sizes = [0]
+
+    def block(b):
+        if any(int(iv.iter_type) == 2 for iv in b.iter_vars):
+            tvm_ffi.structural_walk(b.body, (tirx.BufferStore, lambda s: sizes.append(L.tir_inlined_size(s.value))))
+    tvm_ffi.structural_walk(func, (tvm.s_tir.SBlock, block))
+    return max(sizes)
+
+
+@pytest.mark.parametrize("gelu", [R.nn.gelu, R.nn.gelu_tanh])
+def test_a_reduction_over_a_fast_form_reads_it_from_a_stage_once_past_the_reduction_bound(gelu, monkeypatch, rng):
+    # A reduction's body holds no Let, so GELU's erf under a LayerNorm's two sums was inlined as
+    # a tree, 7,860 and 15,730 TIR nodes, and computed three times: 6 s to build (tanh's form
+    # 15 s). Past MAX_REDUCE_NODES GELU is a kernel-local stage, logged; the sums read it.
+    import relay_passes.fuse_compile as fc
+    make, gamma, beta = _gelu_layer_norm(gelu)
+    mod = build_module(make, [((8, 64), "float32")])
+    fuse = FuseCompile(strict=True)
+    out = tvm.transform.Sequential([MakeGroups("autofuse"), fuse])(mod)
+    (func,) = _prim_funcs(out).values()
+    assert 0 < _largest_reduction_store(func) <= fc.MAX_REDUCE_NODES
+    assert any("in a reduction" in why for _, _, why in fuse.log.stages)
+    monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)  # unbounded: GELU inlined in each sum
+    (func,) = _prim_funcs(tvm.transform.Sequential([MakeGroups("autofuse"), FuseCompile(strict=True)])(mod)).values()
+    assert _largest_reduction_store(func) > 3 * 2_000
+    monkeypatch.undo()
+    import torch
+    x = (rng.standard_normal((8, 64)) * 3).astype("float32")
+    compiled = tvm_ext.compile(mod, strict=True)
+    approximate = "tanh" if gelu is R.nn.gelu_tanh else "none"
+    ref = torch.nn.functional.layer_norm(torch.nn.functional.gelu(torch.from_numpy(x), approximate=approximate),
+                                         (64,), torch.from_numpy(gamma), torch.from_numpy(beta)).numpy()
+    np.testing.assert_allclose(compiled(x), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_shape_only_params_are_those_every_use_reads_for_the_shape_alone():
