@@ -144,8 +144,9 @@ def _vdevice_of(ty):
 def lower_group(func: relax.Function, name: str, registry: OpRegistry = OPS,
                 exact_math: bool = False, stages_log: list | None = None) -> LoweredGroup:
     """Compose the Loop IR of every binding of ``func`` and build one PrimFunc. A binding
-    whose expression would grow past its bound (``MAX_INLINED_NODES``, ``MAX_REDUCE_NODES``) reads its inputs from kernel-local
-    stages instead (each recorded in ``stages_log`` as (node, op, why))."""
+    whose expression would grow past its bound (``MAX_INLINED_NODES``, ``MAX_REDUCE_NODES``)
+    reads its inputs from kernel-local stages instead (each recorded in ``stages_log`` as
+    (node, op, why))."""
     kb = KernelBuilder(name, exact_math=exact_math)
     env: dict = {}
     for p in func.params:
@@ -211,7 +212,7 @@ def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: l
     while True:
         marks = len(kb.stages), len(kb.inputs), len(const_args)
         value = _lower_binding(b, env, kb, const_args, registry)
-        size, limit = _most_over(value, kb.stages[marks[0]:], kb.exact_math)
+        size, limit, reduction = _most_over(value, kb.stages[marks[0]:], kb.exact_math)
         if size <= limit:
             return value
         inputs = [(v, env[v]) for v in relax.analysis.free_vars(b.value)
@@ -222,18 +223,23 @@ def _lower_bounded(b: relax.Binding, env: dict, kb: KernelBuilder, const_args: l
         in_size, var, biggest = max(sized, key=lambda x: x[0])
         del kb.stages[marks[0]:], kb.inputs[marks[1]:], const_args[marks[2]:]
         env[var] = kb.realize(biggest, var.name)
-        where = " in a reduction" if limit == MAX_REDUCE_NODES else ""
+        where = " in a reduction" if reduction else ""
         staged.append((var, f"inlined-size: {b.var.name} would be {size:,} TIR nodes{where} "
                             f"(> {limit:,}); {var.name} ({in_size:,}) is a kernel-local stage"))
 
 
-def _most_over(value, new_stages: list[Stage], exact_math: bool) -> tuple[int, int]:
-    """(size, bound) of the new stage, or of the value left to inline, furthest over its bound."""
-    sized = [(L.inlined_size(s.expr, exact_math), MAX_REDUCE_NODES if isinstance(s.expr, L.Reduce) else MAX_INLINED_NODES)
-             for s in new_stages if s.expr is not None]
+def _most_over(value, new_stages: list[Stage], exact_math: bool) -> tuple[int, int, bool]:
+    """(size, bound, whether a reduction) of the new stage, or of the value left to inline,
+    furthest over its bound."""
+    sized = []
+    for stage in new_stages:
+        if stage.expr is not None:
+            reduction = isinstance(stage.expr, L.Reduce)
+            sized.append((L.inlined_size(stage.expr, exact_math),
+                          MAX_REDUCE_NODES if reduction else MAX_INLINED_NODES, reduction))
     if isinstance(value, TensorValue) and value.buffer is None:
-        sized.append((_value_size(value, exact_math), MAX_INLINED_NODES))
-    return max(sized, key=lambda p: p[0] / p[1], default=(0, 1))
+        sized.append((_value_size(value, exact_math), MAX_INLINED_NODES, False))
+    return max(sized, key=lambda p: p[0] / p[1], default=(0, 1, False))
 
 
 def _value_size(value: TensorValue, exact_math: bool) -> int:
