@@ -11,7 +11,9 @@ The pass folds inference BatchNorm with constant statistics into a multiply and 
 (``x * scale + shift``, both computed here), so that TVM's ``ConvertLayout`` carries the
 elementwise ops between convolutions in the blocked layout too: activations stay blocked
 from one convolution to the next, and the only ``layout_transform``s left are at the
-graph's edges and around ops that need NCHW. Constant weights are transformed once, at
+graph's edges and around ops that need NCHW: every op that is not elementwise, broadcast or in
+``_CARRIED`` reads NCHW (ConvertLayout's rules for GroupNorm, a LayerNorm or mean over C and
+split got the blocked channels wrong). Constant weights are transformed once, at
 compile time (FoldWeightLayout folds the ``layout_transform`` of a constant). A convolution
 whose channels are not multiples of ``b`` stays NCHW; grouped convolutions run blocked when
 their groups are whole blocks, and a graph with one whose groups are not stays NCHW
@@ -29,6 +31,17 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from relay_passes.simplify import bound_constant, rewrite_functions
+from tvm_ext.patterns import OpPattern
+from tvm_ext.registry import OPS, OpRegistry
+
+# Ops that TVM's ConvertLayout carries in NCHW[b]c correctly, besides the elementwise and
+# broadcast ones; every other op reads NCHW (``_Fence``). Its layout rules for group_norm,
+# layer_norm over C, mean(keepdims) and split map C to the blocks' axis alone: a GroupNorm after
+# a convolution failed to compile, a split raised in the pass.
+_CARRIED = frozenset({"relax.nn.conv2d", "relax.layout_transform", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+                      "relax.nn.adaptive_avg_pool2d", "relax.concat", "relax.reshape", "relax.permute_dims",
+                      "relax.strided_slice", "relax.nn.softmax", "relax.image.resize2d"})
+_FENCE = "relax.builtin.stop_lift_params"  # an identity without a layout rule: its input stays NCHW
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="BlockConvLayout")
@@ -36,15 +49,18 @@ class BlockConvLayout:
     """NCHW x OIHW conv2d to NCHW[block]c x OIHW[block]i[block]o, with what lies between
     convolutions carried in the blocked layout."""
 
-    def __init__(self, block: int = 16):
+    def __init__(self, block: int = 16, registry: OpRegistry = OPS):
         self.block = block
+        self.registry = registry
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         if not _has_nchw_conv(mod, self.block) or _splits_a_block(mod, self.block):
             return mod
         mod = rewrite_functions(mod, _FoldBatchNorm(mod))
         b = self.block
+        mod = rewrite_functions(mod, _Fence(mod, self.registry, fence=True))
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{b}c", f"OIHW{b}i{b}o"]})(mod)
+        mod = rewrite_functions(mod, _Fence(mod, self.registry, fence=False))
         return rewrite_functions(mod, _BlockDepthwise(mod, b))
 
 
@@ -124,6 +140,38 @@ class _BlockDepthwise(PyExprMutator):
             groups=attrs.groups, data_layout=f"NCHW{b}c", kernel_layout=f"OIHW1i{b}o", out_layout=f"NCHW{b}c",
             out_dtype=attrs.out_dtype))
         return relax.op.layout_transform(conv, lambda n, cb, h, w_, c: (n, cb * b + c, h, w_))
+
+
+@mutator
+class _Fence(PyExprMutator):
+    """``fence=True``: every tensor argument of a call ConvertLayout cannot carry blocked (not in
+    ``_CARRIED``, not elementwise or broadcast) is read through an identity without a layout
+    rule, so ConvertLayout hands that call NCHW. ``fence=False``: the identities are removed."""
+
+    def __init__(self, mod: tvm.IRModule, registry: OpRegistry, fence: bool):
+        super().__init__(mod)
+        self.registry, self.fence = registry, fence
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not isinstance(call.op, tvm.ir.Op):
+            return call
+        if not self.fence:
+            return call.args[0] if call.op.name == _FENCE else call
+        opdef = self.registry.get(call.op.name)
+        if call.op.name in _CARRIED or (opdef is not None and opdef.pattern_of(call) <= OpPattern.BROADCAST):
+            return call
+        args = [self._fenced(a) for a in call.args]
+        return relax.Call(call.op, args, call.attrs, call.ty_args) if any(
+            not a.same_as(b) for a, b in zip(args, call.args)) else call
+
+    def _fenced(self, arg: relax.Expr) -> relax.Expr:
+        if isinstance(arg, relax.Tuple):
+            fields = [self._fenced(f) for f in arg.fields]
+            return relax.Tuple(fields) if any(not a.same_as(b) for a, b in zip(fields, arg.fields)) else arg
+        if isinstance(arg.ty, relax.TensorType) and arg.ty.ndim == 4:
+            return self.builder_.emit(relax.op.builtin.stop_lift_params(arg))
+        return arg
 
 
 @mutator

@@ -168,3 +168,50 @@ def test_a_depthwise_convolution_runs_blocked_and_matches_pytorch(stride, dilati
         ("NCHW16c", "OIHW16i16o", 1), ("NCHW16c", "OIHW1i16o", 48), ("NCHW16c", "OIHW16i16o", 1)]
     convs = [k for k in compiled.report().kernels if "nn.conv2d" in k.ops]
     assert len(convs) == 3 and all("register_tile" in k.schedule for k in convs)  # none left to parallel_only
+
+
+def test_an_op_convert_layout_cannot_carry_blocked_reads_nchw(rng):
+    # conv -> relu -> group_norm: the convolution and ReLU run blocked, GroupNorm gets the NCHW
+    # tensor back (TVM's layout rule for it mapped C to the blocks' axis and failed: "channel
+    # axis must be divisible by 8, but got 2"), with its attributes as they were
+    w = relax.const(rng.standard_normal((32, 16, 3, 3)).astype("float32"))
+    g, b = (relax.const(rng.standard_normal(32).astype("float32")) for _ in range(2))
+    x = relax.Var("x", relax.TensorType((2, 16, 8, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            r = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w, padding=1))))
+            out = bb.emit_output(relax.op.nn.group_norm(r, g, b, 8, 1, [2, 3]))
+        bb.emit_func_output(out)
+    main = Pipeline().prepare(bb.get())["main"]
+    assert _ops(main) == ["layout_transform", "nn.conv2d", "nn.relu", "layout_transform", "nn.group_norm"]
+    (gn,) = _calls(main, "relax.nn.group_norm")
+    assert [int(d) for d in gn.args[0].ty.shape.values] == [2, 32, 8, 8]
+    assert (int(gn.attrs.channel_axis), [int(a) for a in gn.attrs.axes]) == (1, [2, 3])
+
+
+class _After(torch.nn.Module):
+    def __init__(self, op, *mods):
+        super().__init__()
+        self.conv, self.op, self.mods = torch.nn.Conv2d(16, 32, 3, padding=1), op, torch.nn.ModuleList(mods)
+
+    def forward(self, x):
+        return self.op(torch.relu(self.conv(x)), *self.mods)
+
+
+@pytest.mark.parametrize("name", ["group_norm", "layer_norm_chw", "mean_channels", "chunk", "instance_norm",
+                                  "global_mean", "residual_add"])
+def test_what_follows_a_blocked_convolution_matches_pytorch(name):
+    torch.manual_seed(0)
+    ops = {"group_norm": (lambda y, n: n(y), torch.nn.GroupNorm(8, 32)),
+           "layer_norm_chw": (lambda y, n: n(y), torch.nn.LayerNorm([32, 8, 8])),
+           "mean_channels": (lambda y: y.mean(1, keepdim=True),),
+           "chunk": (lambda y: y.chunk(2, 1)[1],),
+           "instance_norm": (lambda y, n: n(y), torch.nn.InstanceNorm2d(32, affine=True)),
+           "global_mean": (lambda y: y.mean((2, 3)),),
+           "residual_add": (lambda y: y + y.flip(1),)}
+    model = _After(*ops[name]).eval()
+    x = torch.randn(2, 16, 8, 8)
+    compiled = tvm_ext.compile(model, (x,))
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-4)

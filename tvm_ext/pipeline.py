@@ -106,7 +106,7 @@ class Pipeline:
     def prepare(self, mod: tvm.IRModule) -> tvm.IRModule:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
-        blocked = [BlockConvLayout()] if self.block_conv and self.fusion != "tvm" else []
+        blocked = [BlockConvLayout(registry=self.registry)] if self.block_conv and self.fusion != "tvm" else []
         algebra = [] if self.exact_math else [TanhSoftplus()]  # exact math keeps the model's own ops
         seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(self.registry), FoldTupleGetItem(),
                *algebra, relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
