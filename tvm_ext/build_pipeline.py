@@ -56,9 +56,10 @@ def build_executable(vm_module: tvm.IRModule, target: tvm.target.Target, jobs: i
 
     def build(kernel: tuple) -> tvm.runtime.Module:
         gv, func = kernel
-        with unchecked if "tvm_ext.kernel" in (func.attrs or {}) else context:
+        own = func.attrs or {}
+        with unchecked if "tvm_ext.kernel" in own else context:
             lib = tvm.tirx.build(tvm.IRModule({gv: func}, attrs=rest.attrs), target=target, pipeline=TIR_PIPELINE)
-        lib.get_function(str(func.attrs.get("global_symbol", gv.name_hint)))  # machine code, now
+        lib.get_function(str(own.get("global_symbol", gv.name_hint)))  # machine code, now
         return lib
 
     if jobs < 2:
