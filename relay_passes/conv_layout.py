@@ -58,9 +58,9 @@ class BlockConvLayout:
             return mod
         mod = rewrite_functions(mod, _FoldBatchNorm(mod))
         b = self.block
-        mod = rewrite_functions(mod, _Fence(mod, self.registry, fence=True))
+        mod = rewrite_functions(mod, _Fence(mod, self.registry, b, fence=True))
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{b}c", f"OIHW{b}i{b}o"]})(mod)
-        mod = rewrite_functions(mod, _Fence(mod, self.registry, fence=False))
+        mod = rewrite_functions(mod, _Fence(mod, self.registry, b, fence=False))
         return rewrite_functions(mod, _BlockDepthwise(mod, b))
 
 
@@ -145,12 +145,13 @@ class _BlockDepthwise(PyExprMutator):
 @mutator
 class _Fence(PyExprMutator):
     """``fence=True``: every tensor argument of a call ConvertLayout cannot carry blocked (not in
-    ``_CARRIED``, not elementwise or broadcast) is read through an identity without a layout
-    rule, so ConvertLayout hands that call NCHW. ``fence=False``: the identities are removed."""
+    ``_CARRIED``, not elementwise or broadcast, or broadcast with 4-D arguments whose channels
+    are no whole blocks) is read through an identity without a layout rule, so ConvertLayout
+    hands that call NCHW. ``fence=False``: the identities are removed."""
 
-    def __init__(self, mod: tvm.IRModule, registry: OpRegistry, fence: bool):
+    def __init__(self, mod: tvm.IRModule, registry: OpRegistry, block: int, fence: bool):
         super().__init__(mod)
-        self.registry, self.fence = registry, fence
+        self.registry, self.block, self.fence = registry, block, fence
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
@@ -159,11 +160,19 @@ class _Fence(PyExprMutator):
         if not self.fence:
             return call.args[0] if call.op.name == _FENCE else call
         opdef = self.registry.get(call.op.name)
-        if call.op.name in _CARRIED or (opdef is not None and opdef.pattern_of(call) <= OpPattern.BROADCAST):
+        if call.op.name in _CARRIED or (opdef is not None and opdef.pattern_of(call) <= OpPattern.BROADCAST
+                                        and not self._broadcasts_channels(call)):
             return call
         args = [self._fenced(a) for a in call.args]
         return relax.Call(call.op, args, call.attrs, call.ty_args) if any(
             not a.same_as(b) for a, b in zip(args, call.args)) else call
+
+    def _broadcasts_channels(self, call: relax.Call) -> bool:
+        """Whether a 4-D argument's channels are no whole blocks (a one-channel attention map
+        times a convolution's output): ConvertLayout cannot block it and failed ("Cannot
+        broadcast from 5 to 4")."""
+        dims = [_dims(a.ty) for a in call.args if isinstance(a.ty, relax.TensorType) and a.ty.ndim == 4]
+        return len(dims) > 1 and any(d is None or d[1] is None or d[1] % self.block for d in dims)
 
     def _fenced(self, arg: relax.Expr) -> relax.Expr:
         if isinstance(arg, relax.Tuple):

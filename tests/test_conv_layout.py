@@ -199,14 +199,15 @@ class _After(torch.nn.Module):
         return self.op(torch.relu(self.conv(x)), *self.mods)
 
 
-@pytest.mark.parametrize("name", ["group_norm", "layer_norm_chw", "mean_channels", "chunk", "instance_norm",
-                                  "global_mean", "residual_add"])
+@pytest.mark.parametrize("name", ["group_norm", "layer_norm_chw", "mean_channels", "chunk", "spatial_attention",
+                                  "instance_norm", "global_mean", "residual_add"])
 def test_what_follows_a_blocked_convolution_matches_pytorch(name):
     torch.manual_seed(0)
     ops = {"group_norm": (lambda y, n: n(y), torch.nn.GroupNorm(8, 32)),
            "layer_norm_chw": (lambda y, n: n(y), torch.nn.LayerNorm([32, 8, 8])),
            "mean_channels": (lambda y: y.mean(1, keepdim=True),),
            "chunk": (lambda y: y.chunk(2, 1)[1],),
+           "spatial_attention": (lambda y: y * torch.sigmoid(y.amax(1, keepdim=True)),),  # (N, 1, H, W) map
            "instance_norm": (lambda y, n: n(y), torch.nn.InstanceNorm2d(32, affine=True)),
            "global_mean": (lambda y: y.mean((2, 3)),),
            "residual_add": (lambda y: y + y.flip(1),)}
