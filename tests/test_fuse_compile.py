@@ -323,9 +323,10 @@ def test_a_reduction_over_a_fast_form_reads_it_from_a_stage_once_past_the_reduct
     (func,) = _prim_funcs(out).values()
     assert 0 < _largest_reduction_store(func) <= fc.MAX_REDUCE_NODES
     assert any("in a reduction" in why for _, _, why in fuse.log.stages)
+    bound = fc.MAX_REDUCE_NODES
     monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)  # unbounded: GELU inlined in each sum
     (func,) = _prim_funcs(tvm.transform.Sequential([MakeGroups("autofuse"), FuseCompile(strict=True)])(mod)).values()
-    assert _largest_reduction_store(func) > 3 * 2_000
+    assert _largest_reduction_store(func) > 3 * bound
     monkeypatch.undo()
     import torch
     x = (rng.standard_normal((8, 64)) * 3).astype("float32")
