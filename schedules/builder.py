@@ -156,12 +156,9 @@ class ScheduleBuilder:
         loops = self.sch.get_loops(block)[depth:]
         stmts = [self.sch.get(loop) for loop in loops]
         values = stmts[-1].body.iter_values
-
-        def first_iterator(stmt: tirx.For) -> int:
-            return next((i for i, value in enumerate(values)
-                         if any(v.same_as(stmt.loop_var) for v in tirx.analysis.undefined_vars(value, []))),
-                        len(values))
-        order = [loop for _, loop in sorted(zip(map(first_iterator, stmts), loops), key=lambda p: p[0])]
+        # each loop at its first iterator; one driving none goes last
+        first = [min(d, default=len(values)) for d in _iterators_driven(values, stmts)]
+        order = [loop for _, loop in sorted(zip(first, loops), key=lambda p: p[0])]
         self.sch.reorder(*order)
         flat = self.sch.fuse(*order)
         if int(self.sch.get(flat).extent) % lanes == 0:
@@ -305,6 +302,11 @@ def _loop_kinds(blk: s_tir.SBlock, loops: list[tirx.For]) -> list[bool]:
     values = getattr(loops[-1].body, "iter_values", None)
     if values is None:  # not directly under its innermost loop: say spatial
         return [False] * len(loops)
-    used = [v for iv, b in zip(blk.iter_vars, values) if int(iv.iter_type) == REDUCE
-            for v in tirx.analysis.undefined_vars(b, [])]
-    return [any(v.same_as(loop.loop_var) for v in used) for loop in loops]
+    reduce = {i for i, iv in enumerate(blk.iter_vars) if int(iv.iter_type) == REDUCE}
+    return [bool(d & reduce) for d in _iterators_driven(values, loops)]
+
+
+def _iterators_driven(values, loops: list[tirx.For]) -> list[set[int]]:
+    """For each loop, the positions of the block iterators whose bindings (``values``) use it."""
+    used = [tirx.analysis.undefined_vars(value, []) for value in values]
+    return [{i for i, vs in enumerate(used) if any(v.same_as(loop.loop_var) for v in vs)} for loop in loops]
