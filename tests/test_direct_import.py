@@ -193,3 +193,51 @@ def test_random_chains_of_direct_ops_match_pytorch(steps, rows, cols):
     assert frontends.translates_directly(exported)
     got = tvm_ext.compile(exported, strict=True)(inputs[0].numpy())
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_cycle_collector_is_paused_for_the_export_and_the_import_and_resumed_as_it_was(monkeypatch):
+    """torch.export and the importer run with the collector off (a full collection midway scans
+    every object the process holds); afterwards it is on again, or still off if the user had
+    turned it off."""
+    import gc
+    import tvm.relax.frontend.torch as tvm_torch
+
+    seen = []
+    export, importer = torch.export.export, tvm_torch.from_exported_program
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: (seen.append(("export", gc.isenabled())),
+                                                                  export(*a, **k))[1])
+    monkeypatch.setattr(tvm_torch, "from_exported_program",
+                        lambda *a, **k: (seen.append(("import", gc.isenabled())), importer(*a, **k))[1])
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        frontends.from_torch(model, (torch.randn(2, 4),))
+        assert seen == [("export", False), ("import", False)]
+        assert gc.isenabled()
+        gc.disable()
+        frontends.from_torch(model, (torch.randn(2, 4),))
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_overlapping_pauses_of_the_cycle_collector_resume_it_once_the_last_ends():
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        outer = frontends.cyclic_gc_paused()
+        inner = frontends.cyclic_gc_paused()
+        outer.__enter__()
+        inner.__enter__()
+        outer.__exit__(None, None, None)  # another thread's import ends first
+        assert not gc.isenabled()
+        inner.__exit__(None, None, None)
+        assert gc.isenabled()
+        with pytest.raises(ValueError), frontends.cyclic_gc_paused():
+            raise ValueError("a failed export")
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
