@@ -13,6 +13,16 @@ from tvm_ext.machine import Machine
 
 SPATIAL, REDUCE = 0, 2
 
+_GET = getattr(s_tir.Schedule.get, "__wrapped__", s_tir.Schedule.get)
+
+
+def stmt(sch: s_tir.Schedule, rv) -> tirx.Stmt:
+    """The block or loop that ``rv`` names: ``sch.get`` without TVM's Python-side check of its
+    argument's type, which cost more than the lookup. The transformer layer's scheduling makes
+    407 lookups; without the checks it took 0.091-0.099 s instead of 0.102-0.109 (Zen 4). Our
+    random variables all come from the schedule itself."""
+    return _GET(sch, rv)
+
 
 def master_is_anchor(func: tirx.PrimFunc) -> bool:
     """Whether the kernel's epilogue runs on its master's output tiles (FuseCompile's
@@ -71,7 +81,7 @@ def _uniform(block, ivars) -> bool:
 def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
     out = []
     for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        block = sch.get(rv)
+        block = stmt(sch, rv)
         ivars = list(block.iter_vars)
         spatial = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == SPATIAL)
         reduce = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == REDUCE)

@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import REDUCE
+from schedules.analysis import REDUCE, stmt
 from schedules.axes import Axis, AxisType, ImplGraph
 
 
@@ -84,10 +84,10 @@ class ScheduleBuilder:
 
     # ------------------------------------------------------------------ blocks
     def block_names(self) -> list[str]:
-        return [self.sch.get(b).name_hint for b in self.sch.get_child_blocks(self.sch.get_sblock("root"))]
+        return [stmt(self.sch, b).name_hint for b in self.sch.get_child_blocks(self.sch.get_sblock("root"))]
 
     def block(self, name: str):
-        return self.sch.get(self.sch.get_sblock(name))
+        return stmt(self.sch, self.sch.get_sblock(name))
 
     def impl(self, name: str) -> ImplGraph:
         return self.groups[name].impl
@@ -97,17 +97,17 @@ class ScheduleBuilder:
         another group's axes (kept with their names), the others get fresh names."""
         block = self.sch.get_sblock(name)
         loops = self.sch.get_loops(block)
-        stmts = [self.sch.get(loop) for loop in loops]  # each sch.get pays TVM's type check
+        stmts = [stmt(self.sch, loop) for loop in loops]
         shared = shared or []
-        kinds = _loop_kinds(self.sch.get(block), stmts)
+        kinds = _loop_kinds(stmt(self.sch, block), stmts)
         axes = list(shared)
         taken = {a.name for a in shared}
-        for i, stmt in enumerate(stmts[len(shared):], start=len(shared)):
+        for i, loop in enumerate(stmts[len(shared):], start=len(shared)):
             fresh = f"z{i}"
             while fresh in taken:  # a shared axis made by a split or merge can hold the name
                 fresh += "'"
             taken.add(fresh)
-            axes.append(Axis(fresh, AxisType.ORIGINAL, int(stmt.extent), f"s{i}", reduce=kinds[i]))
+            axes.append(Axis(fresh, AxisType.ORIGINAL, int(loop.extent), f"s{i}", reduce=kinds[i]))
         return ImplGraph(name, axes).bind(self.sch, loops)
 
     # ------------------------------------------------------------------ multi-block operations
@@ -115,7 +115,7 @@ class ScheduleBuilder:
         """Partial reductions over ``axis`` (the returned ``*_rf`` group); ``name`` then
         reduces them."""
         rf = self.sch.rfactor(self.impl(name).loops[axis], factor_axis=factor_axis)
-        rf_name = self.sch.get(rf).name_hint
+        rf_name = stmt(self.sch, rf).name_hint
         self.groups[rf_name] = ScheduleGroup(rf_name, self._fresh_impl(rf_name), "partial reduction")
         self.groups[name].impl = self._fresh_impl(name)
         return rf_name
@@ -133,7 +133,7 @@ class ScheduleBuilder:
     def cache_write(self, name: str) -> str:
         """Accumulate ``name`` in a local buffer; the returned group copies it out."""
         cache = self.sch.cache_write(self.sch.get_sblock(name), 0, "global")
-        copy_out = self.sch.get(cache).name_hint  # the new block that copies the tile out
+        copy_out = stmt(self.sch, cache).name_hint  # the new block that copies the tile out
         for n in self.block_names():
             if n not in self.groups:
                 self.groups[n] = ScheduleGroup(n, self._fresh_impl(n), "write-back")
@@ -154,14 +154,14 @@ class ScheduleBuilder:
         """Block ``block``'s loops from ``depth`` on, which drive only spatial iterators, as one
         loop in the order of the iterators they drive, split by ``lanes`` and vectorized."""
         loops = self.sch.get_loops(block)[depth:]
-        stmts = [self.sch.get(loop) for loop in loops]
+        stmts = [stmt(self.sch, loop) for loop in loops]
         values = stmts[-1].body.iter_values
         # each loop at its first iterator; one driving none goes last
         first = [min(d, default=len(values)) for d in _iterators_driven(values, stmts)]
         order = [loop for _, loop in sorted(zip(first, loops), key=lambda p: p[0])]
         self.sch.reorder(*order)
         flat = self.sch.fuse(*order)
-        if int(self.sch.get(flat).extent) % lanes == 0:
+        if int(stmt(self.sch, flat).extent) % lanes == 0:
             self.sch.vectorize(self.sch.split(flat, [None, lanes])[1])
 
     def write_into_output(self, name: str) -> bool:
@@ -176,7 +176,7 @@ class ScheduleBuilder:
         if name == names[-1] or len(block.writes) != 1 or len(last.writes) != 1:
             return False
         tmp, out = block.writes[0].source, last.writes[0].source
-        root = self.sch.get(self.sch.get_sblock("root"))
+        root = stmt(self.sch, self.sch.get_sblock("root"))
         if not any(b.same_as(tmp) for b in root.alloc_buffers) or \
                 not any(p.same_as(out) for p in self.sch.mod["main"].params):
             return False
@@ -233,8 +233,8 @@ class ScheduleBuilder:
         for block, axis, (row_block, row_axis), rows in self.prefetches:
             impl = self.impl(block)
             span = math.prod(a.size for a in impl.axis[impl.index(axis) + 1:])
-            loop = self.sch.get(impl.loops[axis]).loop_var
-            row = self.sch.get(self.impl(row_block).loops[row_axis]).loop_var
+            loop = stmt(self.sch, impl.loops[axis]).loop_var
+            row = stmt(self.sch, self.impl(row_block).loops[row_axis]).loop_var
             func = _prefetch_next_row(func, loop, span, row, rows)
         return ScheduleResult(kernel, list(self.choices), groups, func, str(self.sch.trace))
 

@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
-from schedules.analysis import arithmetic_ops, block_infos
+from schedules.analysis import arithmetic_ops, block_infos, stmt
 from schedules.builder import ScheduleResult
 from schedules.policies import POLICIES
 from tvm_ext.machine import Machine
@@ -54,7 +54,8 @@ def candidate_features(result: ScheduleResult, machine: Machine) -> np.ndarray:
     nbytes = _buffer_bytes(sch)
     dtype_bytes = max(1, max((i.dtype_bits for i in infos), default=32) // 8)
     anchor_work = sum(work[i.name] for i in infos if i.kind == "anchor")
-    ops = {b.name_hint: arithmetic_ops(b.body) for b in (sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root")))}
+    blocks = (stmt(sch, rv) for rv in sch.get_child_blocks(sch.get_sblock("root")))
+    ops = {b.name_hint: arithmetic_ops(b.body) for b in blocks}
 
     par_axes = {id(g.impl[g.impl.parallel]) for g in result.groups if g.impl.parallel}
     par_extent = max([g.impl[g.impl.parallel].size for g in result.groups if g.impl.parallel] or [1])
@@ -190,7 +191,7 @@ def _buffer_bytes(sch: s_tir.Schedule) -> int:
     """Bytes of the distinct buffers the kernel's blocks read and write."""
     seen = {}
     for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        block = sch.get(rv)
+        block = stmt(sch, rv)
         for region in list(block.reads) + list(block.writes):
             buf = region.source
             seen[buf.name] = math.prod(int(d) for d in buf.shape) * tvm.DataType(str(buf.dtype)).bits // 8

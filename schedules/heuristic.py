@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import BlockInfo, block_infos
+from schedules.analysis import BlockInfo, block_infos, stmt
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
@@ -98,7 +98,7 @@ def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     params = list(func.params)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
-        writes_output = any(w.source.same_as(p) for w in sch.get(block).writes for p in params)
+        writes_output = any(w.source.same_as(p) for w in stmt(sch, block).writes for p in params)
         inlines = ("reverse_compute_inline",) if writes_output else ("compute_inline", "reverse_compute_inline")
         for inline in inlines:
             trial = sch.copy()

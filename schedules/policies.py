@@ -17,7 +17,7 @@ from typing import Iterator
 import tvm
 from tvm import s_tir
 
-from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, row_vector, vector_factor
+from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, row_vector, stmt, vector_factor
 from schedules.builder import ScheduleBuilder
 from tvm_ext.machine import Machine
 
@@ -538,7 +538,7 @@ class RegisterTiledAnchor(Policy):
         consumers = builder.sch.get_consumers(builder.sch.get_sblock(name))
         if len(consumers) != 1:
             return None
-        epi = builder.sch.get(consumers[0])
+        epi = stmt(builder.sch, consumers[0])
         anchor_ext = [int(iv.dom.extent) for iv in builder.block(name).iter_vars if int(iv.iter_type) == 0]
         if any(int(iv.iter_type) != 0 for iv in epi.iter_vars) or [int(iv.dom.extent) for iv in epi.iter_vars] != anchor_ext:
             return None
