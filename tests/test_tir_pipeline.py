@@ -107,3 +107,64 @@ def test_our_cpu_targets_ask_llvm_for_o2_and_a_given_target_keeps_its_level():
         assert int(target.attrs["opt-level"]) == 2, target
     assert "opt-level" not in resolve_target({"kind": "llvm", "mcpu": "znver3"}).attrs
     assert int(resolve_target({"kind": "llvm", "opt-level": 3}).attrs["opt-level"]) == 3
+
+
+@tvm.instrument.pass_instrument
+class _PassNames:
+    def __init__(self):
+        self.names = []
+
+    def run_before_pass(self, _mod, info):
+        self.names.append(info.name)
+
+
+def _erf_kernel() -> tirx.PrimFunc:
+    """GELU's erf on a vector loop: an exp nested in a Let, where the GPU-only passes were slow."""
+    from tvm_ext import fast_math
+
+    x = te.placeholder((8, 64), "float32", name="x")
+    y = te.compute(x.shape, lambda i, j: fast_math.erf(x[i, j], let=True), name="y")
+    return schedule_kernel(te.create_prim_func([x, y]), Machine.for_target(host_target())).func
+
+
+def test_kernels_for_a_cpu_are_lowered_without_the_gpu_only_passes():
+    from tvm_ext.tir_pipeline import GPU_ONLY
+
+    assert GPU_ONLY <= {p.info.name for p in lowering_passes({})}
+    assert not GPU_ONLY & {p.info.name for p in lowering_passes({}, cpu_only=True)}
+    seen = _PassNames()
+    with tvm.transform.PassContext(instruments=[seen]):
+        tvm.tirx.build(tvm.IRModule({"k": _erf_kernel().with_attr("global_symbol", "k")}), target=host_target(),
+                       pipeline=TIR_PIPELINE)
+    assert "tirx.FlattenBuffer" in seen.names and not GPU_ONLY & set(seen.names)
+
+
+def test_a_kernel_bound_to_a_gpu_target_keeps_the_gpu_only_passes():
+    from tvm_ext.tir_pipeline import _runs_on_cpu
+
+    func = _erf_kernel()
+    cpu = tvm.target.Target(host_target(), host=host_target())
+    gpu = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host=host_target())
+    assert _runs_on_cpu(tvm.IRModule({"k": func.with_attr("target", cpu)}))
+    assert not _runs_on_cpu(tvm.IRModule({"k": func.with_attr("target", gpu)}))
+    assert not _runs_on_cpu(tvm.IRModule({"a": func.with_attr("target", cpu), "b": func.with_attr("target", gpu)}))
+    assert not _runs_on_cpu(tvm.IRModule({"k": func}))  # no target bound: keep everything
+
+
+@pytest.mark.parametrize("mcpu", ["host", "x86-64"])
+def test_leaving_out_the_gpu_only_passes_changes_no_cpu_kernel(mcpu):
+    """The erf kernel and the merged-axes kernel (whose indices are split patterns) lower to the
+    same TIR with and without the GPU-only passes."""
+    target = host_target() if mcpu == "host" else cpu_target(mcpu, cores=2)
+    x = te.placeholder((4, 48, 30, 30), "float32", name="x")
+    merged = schedule_kernel(te.create_prim_func([x, te.compute(x.shape, lambda *i: x(*i) * 2.0, name="y")]),
+                             Machine.for_target(target)).func
+    for func in (_erf_kernel(), merged):
+        mod = tvm.IRModule({"k": func.with_attr("target", target).with_attr("global_symbol", "k")})
+        lowered = []
+        for cpu_only in (False, True):
+            passes = lowering_passes({}, cpu_only)
+            upto = [p.info.name for p in passes].index("tirx.MakePackedAPI")
+            with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
+                lowered.append(tvm.transform.Sequential(passes[:upto])(mod))
+        assert tvm_ffi.structural_equal(lowered[0], lowered[1])
