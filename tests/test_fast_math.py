@@ -59,6 +59,47 @@ def test_exp_nonpositive_leaves_out_only_the_overflow_clamp():
     assert _run(fast_math.exp, big)[0] == np.inf and _run(lambda v: fast_math.exp(v, nonpositive=True), big)[0] != np.inf
 
 
+def _selects(e) -> int:
+    """The distinct selects in ``e`` (the walk visits a shared node at each of its uses)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    found = set()
+    tvm_ffi.structural_walk(e, (tirx.Select, lambda n: found.add(tvm_ffi.structural_hash(n))))
+    return len(found)
+
+
+def test_exp_leaves_out_the_clamps_its_arguments_bounds_rule_out():
+    """Each clamp is a select on the argument (an instruction a vector; in TIR, a condition the
+    passes reason about): the floor's where the argument cannot go below -87, the overflow's
+    where it cannot go above EXP_MAX. Where the bounds hold, the result is the same bits."""
+    import math
+    from tvm import tirx
+
+    v = tirx.Var("v", "float32")
+    assert _selects(fast_math.exp(v)) == 2
+    assert _selects(fast_math.exp(v, nonpositive=True)) == 1
+    assert _selects(fast_math.exp(v, bounds=(0.0, math.inf))) == 1
+    assert _selects(fast_math.exp(v, bounds=(-15.5, -1.0))) == 0
+    assert _selects(fast_math.exp(v, bounds=(-87.5, 100.0))) == 2
+    inside = np.linspace(-15.5, -1.0, 100_001, dtype="float32")
+    np.testing.assert_array_equal(_run(lambda x: fast_math.exp(x, bounds=(-15.5, -1.0)), inside),
+                                  _run(fast_math.exp, inside))
+    above = np.concatenate([np.linspace(0, 100, 100_001), [np.inf, np.nan]]).astype("float32")
+    np.testing.assert_array_equal(_run(lambda x: fast_math.exp(x, bounds=(0.0, math.inf)), above),
+                                  _run(fast_math.exp, above))
+
+
+def test_erf_and_tanh_call_exp_without_the_clamps_their_arguments_cannot_reach():
+    """erf's exp(-x^2) runs on x in [1, 3.92] (no clamp), tanh's exp(2|x|) on |x| >= 0 (only the
+    overflow's): with the two clamps, the erf kernel's TIR passes took 35-42 ms instead of 5."""
+    from tvm import tirx
+
+    v = tirx.Var("v", "float32")
+    assert _selects(fast_math.erf(v, let=True)) == 5  # |x|, its sign, beyond 3.92, the branch, NaN
+    assert _selects(fast_math.tanh(v, let=True)) == 4  # |x|, its sign, the branch, exp's overflow
+
+
 def test_sigmoid_relative_error():
     x = np.linspace(-80, 80, 1_000_001, dtype="float32")
     got = _run(fast_math.sigmoid, x).astype("float64")

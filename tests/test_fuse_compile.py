@@ -261,8 +261,9 @@ def _largest_store(func) -> int:
                                                 ("log_softmax_gelu", "nnvm", False)])  # NNVM: 2 kernels
 def test_nested_fast_forms_stay_under_the_expression_bound(graph, fusion, split, monkeypatch):
     # The compile-time guard: Mish's tanh(log(1 + exp)) fused into one expression was 1.2e6 TIR
-    # nodes once Lets are substituted (134 s to compile); log_softmax(gelu) 2e5 (84 s). The
-    # bound realizes the inner form as a kernel-local stage and logs it.
+    # nodes once Lets are substituted (134 s to compile); log_softmax(gelu) 2e5 (84 s; 6.6e4
+    # since erf's exp has no clamps). The bound realizes the inner form as a kernel-local stage
+    # and logs it.
     import relay_passes.fuse_compile as fc
     make, _ = _BOUNDED_GRAPHS[graph]
     mod = build_module(make, [((3, 5, 7), "float32")])
@@ -275,7 +276,7 @@ def test_nested_fast_forms_stay_under_the_expression_bound(graph, fusion, split,
     monkeypatch.setattr(fc, "MAX_INLINED_NODES", 10 ** 9)  # unbounded: the old expression
     monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)
     out = tvm.transform.Sequential([MakeGroups(fusion), FuseCompile(strict=True)])(mod)
-    assert (max(_largest_store(f) for f in _prim_funcs(out).values()) > 3 * bound) == split
+    assert (max(_largest_store(f) for f in _prim_funcs(out).values()) > bound) == split
 
 
 @pytest.mark.parametrize("graph", ["log_softmax_gelu", "tanh_log_exp2"])  # Mish itself: TanhSoftplus
@@ -313,8 +314,9 @@ def _largest_reduction_store(func) -> int:
 @pytest.mark.parametrize("gelu", [R.nn.gelu, R.nn.gelu_tanh])
 def test_a_reduction_over_a_fast_form_reads_it_from_a_stage_once_past_the_reduction_bound(gelu, monkeypatch, rng):
     # A reduction's body holds no Let, so GELU's erf under a LayerNorm's two sums was inlined as
-    # a tree, 7,860 and 15,730 TIR nodes, and computed three times: 6 s to build (tanh's form
-    # 15 s). Past MAX_REDUCE_NODES GELU is a kernel-local stage, logged; the sums read it.
+    # a tree, 7,860 and 15,730 TIR nodes (4,103 for erf since its exp has no clamps), and computed
+    # three times: 6 s to build (tanh's form 15 s). Past MAX_REDUCE_NODES GELU is a kernel-local
+    # stage, logged; the sums read it.
     import relay_passes.fuse_compile as fc
     make, gamma, beta = _gelu_layer_norm(gelu)
     mod = build_module(make, [((8, 64), "float32")])
@@ -326,7 +328,7 @@ def test_a_reduction_over_a_fast_form_reads_it_from_a_stage_once_past_the_reduct
     bound = fc.MAX_REDUCE_NODES
     monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)  # unbounded: GELU inlined in each sum
     (func,) = _prim_funcs(tvm.transform.Sequential([MakeGroups("autofuse"), FuseCompile(strict=True)])(mod)).values()
-    assert _largest_reduction_store(func) > 3 * bound
+    assert _largest_reduction_store(func) > bound
     monkeypatch.undo()
     import torch
     x = (rng.standard_normal((8, 64)) * 3).astype("float32")
