@@ -28,6 +28,17 @@ def build_module(make: Callable[..., relax.Expr], specs: Sequence[tuple[tuple[in
     return bb.get()
 
 
+@tvm.instrument.pass_instrument
+class PassNames:
+    """A pass instrument that records the name of every pass run under it."""
+
+    def __init__(self):
+        self.names = []
+
+    def run_before_pass(self, _mod, info):
+        self.names.append(info.name)
+
+
 def compile_strict(mod: tvm.IRModule, fusion="each") -> "tvm_ext.CompiledModel":
     """Compile with lowering failures raised (no silent fallback to TVM's kernels)."""
     return tvm_ext.compile(mod, fusion=fusion, strict=True)

@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 import tvm_ext
-from conftest import build_module
+from conftest import PassNames, build_module
 from relay_passes.plan_memory import PlanMemory
 from tvm_ext.build_pipeline import build_executable, relax_pipeline
 from tvm_ext.compiled_model import CompiledModel, outputs_of, signature_of
@@ -34,15 +34,6 @@ def _numpy(x, w1, w2):
     return (e / e.sum(-1, keepdims=True)) @ w2
 
 
-@tvm.instrument.pass_instrument
-class _PassNames:
-    def __init__(self):
-        self.names = []
-
-    def run_before_pass(self, mod, info):
-        self.names.append(info.name)
-
-
 def _build(mod, jobs):
     pipeline = Pipeline()
     prepared = pipeline.prepare(mod)
@@ -50,7 +41,7 @@ def _build(mod, jobs):
     plan = PlanMemory(pipeline.registry)
     with pipeline.target:
         vm_module = relax_pipeline(plan)(lowered)
-    record = _PassNames()
+    record = PassNames()
     with tvm.transform.PassContext(opt_level=3, instruments=[record]):
         executable = build_executable(vm_module, pipeline.target, jobs=jobs)
     model = CompiledModel(executable, signature_of(prepared), report, str(pipeline.target), entry=plan.entry,

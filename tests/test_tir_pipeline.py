@@ -12,6 +12,7 @@ from tvm import te, tirx
 from tvm.tirx import compilation_pipeline
 from tvm.s_tir.pipeline import finalize_device_passes, finalize_host_passes
 
+from conftest import PassNames
 from schedules.heuristic import schedule_kernel
 from tvm_ext.machine import Machine
 from tvm_ext.target import cpu_target, host_target, resolve_target
@@ -109,15 +110,6 @@ def test_our_cpu_targets_ask_llvm_for_o2_and_a_given_target_keeps_its_level():
     assert int(resolve_target({"kind": "llvm", "opt-level": 3}).attrs["opt-level"]) == 3
 
 
-@tvm.instrument.pass_instrument
-class _PassNames:
-    def __init__(self):
-        self.names = []
-
-    def run_before_pass(self, _mod, info):
-        self.names.append(info.name)
-
-
 def _erf_kernel() -> tirx.PrimFunc:
     """GELU's erf on a vector loop: an exp nested in a Let, where the GPU-only passes were slow."""
     from tvm_ext import fast_math
@@ -132,7 +124,7 @@ def test_kernels_for_a_cpu_are_lowered_without_the_gpu_only_passes():
 
     assert GPU_ONLY <= {p.info.name for p in lowering_passes({})}
     assert not GPU_ONLY & {p.info.name for p in lowering_passes({}, cpu_only=True)}
-    seen = _PassNames()
+    seen = PassNames()
     with tvm.transform.PassContext(instruments=[seen]):
         tvm.tirx.build(tvm.IRModule({"k": _erf_kernel().with_attr("global_symbol", "k")}), target=host_target(),
                        pipeline=TIR_PIPELINE)
