@@ -92,10 +92,10 @@ def kernel_groups(kernels: list, groups: int) -> list[list]:
     if groups == 0:
         return []
     out, load = [[] for _ in range(groups)], [0] * groups
-    for kernel in sorted(kernels, key=lambda k: -code_size(k[1])):
+    for size, kernel in sorted(((code_size(k[1]), k) for k in kernels), key=lambda p: -p[0]):
         least = load.index(min(load))
         out[least].append(kernel)
-        load[least] += code_size(kernel[1])
+        load[least] += size
     return out
 
 

@@ -10,13 +10,13 @@ builder alike: TVM 0.27's ``s_tir`` pipeline with two changes.
 - Kernel arguments marked aligned to their element, not 64 bytes (``AcceptUnalignedArguments``),
   so that numpy arrays go in without a copy.
 
-For a module whose kernels all run on the CPU, three GPU passes are left out (``GPU_ONLY``).
+And for a module whose kernels all run on the CPU, three GPU passes are left out (``GPU_ONLY``).
 InjectPermutedLayout rewrites the shared-memory layout of tensor-core blocks and
 InjectVirtualThread expands ``vthread`` bindings; neither exists on a CPU. RenormalizeSplitPattern
 rewrites thread-index arithmetic; without it the lowered kernels of all 18 benchmark models are
 the same, statement for statement. On a kernel that holds erf or tanh (an exp nested in a
 ``Let``), each of the three took 20-33 ms, where each took 0.1-0.5 ms on the others: a GELU
-after a matmul's tile had 146 ms of TIR passes, 64 of them these three (Zen 4).
+after a matmul's tile had 146 ms of TIR passes, 82 of them these three (Zen 4).
 """
 from __future__ import annotations
 
