@@ -134,7 +134,6 @@ def rejoin_merged_indices(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
 
 #: passes that act only on GPU constructs, left out for kernels that all run on a CPU
 GPU_ONLY = frozenset(["s_tir.InjectPermutedLayout", "s_tir.InjectVirtualThread", "s_tir.RenormalizeSplitPattern"])
-_CPU_KINDS = frozenset(["llvm", "c"])
 
 
 def lowering_passes(config: dict, cpu_only: bool = False) -> list[tvm.transform.Pass]:
@@ -181,11 +180,12 @@ def lowering_passes(config: dict, cpu_only: bool = False) -> list[tvm.transform.
 
 
 def _runs_on_cpu(mod: tvm.IRModule) -> bool:
-    """Whether every kernel of ``mod`` is bound to a CPU target (BindTarget runs first)."""
+    """Whether every kernel of ``mod`` is bound to a CPU target (BindTarget runs first), by the
+    target's device type, as ``tvm.tirx.build`` tells host from device."""
     targets = [f.attrs.get("target") if f.attrs is not None else None
                for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
-    return bool(targets) and all(t is not None and t.kind.name in _CPU_KINDS
-                                 and (t.host is None or t.host.kind.name in _CPU_KINDS) for t in targets)
+    return bool(targets) and all(t is not None and t.get_target_device_type() == tvm_ffi.DLDeviceType.kDLCPU
+                                 for t in targets)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_ext.tir_pipeline")
