@@ -51,6 +51,8 @@ class BlockInfo:
     reuse_axis: int = -1  # an anchor's outer spatial axis (index into ``spatial``) that only the
     # operands read along the vector axis depend on (a blocked conv's output-channel blocks):
     # steps of it in the register tile share every load of the other operand
+    stages: int = 0  # an anchor's input stages: spatial blocks at the root that only it reads (a
+    # convolution's padding), which its schedule may move under its own loops
 
     @property
     def size(self) -> int:
@@ -80,7 +82,9 @@ def _uniform(block, ivars) -> bool:
 
 def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
     out = []
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+    roots = sch.get_child_blocks(sch.get_sblock("root"))
+    at_root = {stmt(sch, rv).name_hint for rv in roots}
+    for rv in roots:
         block = stmt(sch, rv)
         ivars = list(block.iter_vars)
         spatial = tuple(int(iv.dom.extent) for iv in ivars if int(iv.iter_type) == SPATIAL)
@@ -89,7 +93,20 @@ def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
         kind, period = _kind(block)
         out.append(BlockInfo(block.name_hint, kind, spatial, reduce, bits, period, _uniform(block, ivars),
                              _flat_reduce(block, ivars), _read_axis(block) if kind == "transpose" else (-1, 0),
-                             _reuse_axis(block, ivars) if kind == "anchor" else -1))
+                             _reuse_axis(block, ivars) if kind == "anchor" else -1,
+                             len(input_stages(sch, rv, at_root)) if kind == "anchor" else 0))
+    return out
+
+
+def input_stages(sch: s_tir.Schedule, rv: s_tir.SBlockRV, at_root: set[str]) -> list[str]:
+    """The producers of block ``rv`` that are spatial blocks at the root (names in ``at_root``)
+    read by no other block."""
+    out = []
+    for producer in sch.get_producers(rv):
+        block = stmt(sch, producer)
+        if block.name_hint in at_root and block.name_hint not in out and len(sch.get_consumers(producer)) == 1 \
+                and all(int(iv.iter_type) == SPATIAL for iv in block.iter_vars):
+            out.append(block.name_hint)
     return out
 
 

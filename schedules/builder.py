@@ -30,6 +30,7 @@ class ScheduleGroup:
     block: str
     impl: ImplGraph
     role: str = ""  # what the policy made of it: "row reduction", "epilogue", ...
+    moved: bool = False  # another block's policy placed it after its own policy had (its role says how)
 
 
 @dataclass
@@ -53,7 +54,7 @@ class ScheduleResult:
         whole = [p for p, _ in self.choices if "@" not in p]
         parts = []
         for g in self.groups:
-            label = chosen.get(g.block) or (whole[0] if whole else g.role or "unscheduled")
+            label = (g.role if g.moved else chosen.get(g.block)) or (whole[0] if whole else g.role or "unscheduled")
             parts.append(f"{g.block}:{label}")
         return ", ".join(parts)
 
@@ -214,7 +215,7 @@ class ScheduleBuilder:
         for name, g in self.groups.items():
             impl = replace(g.impl, axis=list(g.impl.axis), steps=list(g.impl.steps),
                            unrolled=list(g.impl.unrolled), loops=dict(g.impl.loops), sch=other.sch)
-            other.groups[name] = ScheduleGroup(g.block, impl, g.role)
+            other.groups[name] = ScheduleGroup(g.block, impl, g.role, g.moved)
         other.choices = list(self.choices)
         other.into_output = list(self.into_output)
         other.prefetches = list(self.prefetches)

@@ -12,6 +12,7 @@ from conftest import build_module
 from schedules import AxisRuleError, AxisType, ImplGraph, Machine, ScheduleBuilder, block_infos, schedule_kernel
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
+from schedules.search_space import apply_candidate
 
 R = relax.op
 MACHINE = Machine(cores=2, vector_bytes=64)
@@ -154,6 +155,34 @@ def _blocked_conv(blocks, h, w, block=16, k=3):
         X[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")])
 
 
+def _padded_conv(blocks, h, w, block=16):
+    """``_blocked_conv`` on an unpadded input: the kernel pads it in a stage of its own, as our
+    lowering of a padded convolution does."""
+    X = te.placeholder((1, blocks, h, w, block), "float32", name="X")
+    P = te.compute((1, blocks, h + 2, w + 2, block), lambda n, c, y, x, b: tvm.tirx.if_then_else(
+        tvm.tirx.all(y >= 1, y <= h, x >= 1, x <= w), X[n, c, y - 1, x - 1, b], tvm.tirx.const(0.0, "float32")),
+        name="P")
+    W = te.placeholder((blocks, blocks, 3, 3, block, block), "float32", name="W")
+    ic, kh, kw, ib = (te.reduce_axis((0, blocks), "ic"), te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw"),
+                      te.reduce_axis((0, block), "ib"))
+    return te.create_prim_func([X, W, te.compute((1, blocks, h, w, block), lambda n, oc, y, x, ob: te.sum(
+        P[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")])
+
+
+def _staged_matmul(m, k_, n, operand):
+    """``_matmul`` whose operand ``operand`` ("A" or "B") is first doubled in a stage of its own."""
+    A = te.placeholder((m, k_), "float32", name="A")
+    B = te.placeholder((k_, n), "float32", name="B")
+    if operand == "A":
+        A = te.compute((m, k_), lambda i, k: A[i, k] * 2.0, name="S")
+    else:
+        B = te.compute((k_, n), lambda k, j: B[k, j] * 2.0, name="S")
+    k = te.reduce_axis((0, k_), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return te.create_prim_func([A.op.input_tensors[0] if operand == "A" else A,
+                                B.op.input_tensors[0] if operand == "B" else B, C])
+
+
 def _run(func, inputs, out_shapes):
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tvm_ext.host_target())
     args = [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.empty(s, "float32") for s in out_shapes]
@@ -170,6 +199,7 @@ POLICY_CASES = [
     (ReadTile, 0, lambda: _transpose(96, 64)),
     (ReadTile, 0, lambda: _unblock(3, 16, 6, 24)),
     (RegisterTiledAnchor, 0, lambda: _blocked_conv(4, 10, 12)),
+    (RegisterTiledAnchor, 1, lambda: _padded_conv(2, 9, 16)),
     (RowPerCore, 0, lambda: _row_sum(37, 1000)),
     (RowPerCore, 0, lambda: _row_sum(5000, 64)),
     (SplitReduction, 0, lambda: _row_sum(1, 40000)),
@@ -468,6 +498,45 @@ def test_a_blocked_convs_tile_takes_output_channel_blocks_while_the_registers_ho
     assert info.kind == "anchor" and info.reuse_axis == 1  # the output-channel blocks: only W reads them
     (choice,) = schedule_kernel(_blocked_conv(4, 10, 16), Machine(cores=2, vector_bytes=vector_bytes)).choices
     assert choice[1]["tile_b"] == tile_b
+
+
+@pytest.mark.parametrize("cores, rows", [(2, 30), (4, 16)])
+def test_a_convs_padding_stage_is_computed_per_core_for_the_rows_its_tiles_read(cores, rows):
+    # 56 output rows in blocks of 28 (14): each core pads the 28 + 2 (14 + 2) input rows its
+    # 3x3 windows read, 2 blocks x 58 columns x 16 lanes, instead of a half of the channel blocks
+    infos = block_infos(ScheduleBuilder(_padded_conv(2, 56, 56)).sch)
+    assert [(i.name, i.stages) for i in infos] == [("P", 0), ("Y", 1)]
+    assert RegisterTiledAnchor(MACHINE).space(infos[1])["stage"] == [True, False]
+    assert RegisterTiledAnchor(MACHINE).space(block_infos(ScheduleBuilder(_matmul(64, 64, 64)).sch)[0])["stage"] == \
+        [False]  # nothing to move: one setting, not two that build the same kernel
+    result = schedule_kernel(_padded_conv(2, 56, 56), Machine(cores=cores, vector_bytes=64))
+    stage = next(g for g in result.groups if g.block == "P")
+    assert stage.role == "input stage per core" and "P:input stage per core" in result.summary()
+    conv = next(g.impl for g in result.groups if g.block == "Y")
+    assert stage.impl.names[0] == conv.parallel
+    assert [a.size for a in stage.impl.axis[1:]] == [2, rows, 58, 16]
+    assert stage.impl.vectorized_axis == [stage.impl.names[-1]]
+    # without the knob (a record from before it), the stage keeps its own schedule
+    *before, (label, knobs) = result.choices
+    assert label == "register_tile@Y" and knobs["stage"] is True
+    alone = apply_candidate(_padded_conv(2, 56, 56), Machine(cores=cores, vector_bytes=64),
+                            [list(c) for c in before] + [[label, {k: v for k, v in knobs.items() if k != "stage"}]])
+    assert "P:keep_2d" in alone.summary()
+
+
+def test_an_anchor_takes_a_stage_only_where_each_core_reads_its_own_part():
+    # the rows of A split over the cores: each core doubles its half; every core reads all of B,
+    # so B's stage stays where it is rather than run twice
+    for operand, moved in (("A", True), ("B", False)):
+        result = schedule_kernel(_staged_matmul(256, 64, 128, operand), MACHINE)
+        stage = next(g for g in result.groups if g.block == "S")
+        assert (stage.role == "input stage per core") is moved, operand
+        inputs = [np.random.default_rng(i).standard_normal([int(d) for d in p.shape]).astype("float32")
+                  for i, p in enumerate(result.func.params[:-1])]
+        (got,) = _run(result.func, inputs, [(256, 128)])
+        a, b = inputs
+        want = (a * 2) @ b if operand == "A" else a @ (b * 2)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
 
 
 def test_anchor_result_describes_its_groups():
