@@ -89,15 +89,17 @@ def exp(x: PrimExpr, let: bool = False, nonpositive: bool = False,
     if hi > EXP_MAX:
         xc = tirx.Select(xc > _f(_EXP_CLAMP), _f(_EXP_CLAMP), xc)
     xc = lets(xc, "xc")
-    # n = round(x log2 e) by the float adder: adding 1.5 * 2^23 leaves n in the low bits of t's
-    # mantissa. (t is read back through its bits: TVM's simplifier folds (a + c) - c in floats.)
-    t = lets(tirx.reinterpret("int32", xc * _f(_LOG2E) + _f(_ROUNDER)), "t", "int32")
-    n = lets(tirx.reinterpret("float32", t) - _f(_ROUNDER), "n")
+    # n = round(x log2 e) by the float adder: adding 1.5 * 2^23 + 126 leaves n + 126 in the low
+    # bits of t's mantissa. (t is read back through its bits: TVM's simplifier folds (a + c) - c
+    # in floats.)
+    t = lets(tirx.reinterpret("int32", xc * _f(_LOG2E) + _f(_ROUNDER + 126.0)), "t", "int32")
+    n = lets(tirx.reinterpret("float32", t) - _f(_ROUNDER + 126.0), "n")
     r = lets(xc - n * _f(_C1) - n * _f(_C2), "r")
     y = _horner(_EXP_POLY, r)  # 2 exp(r)
-    # 2^(n-1) from t's bits (exponent field n + 126; the shift drops t's own exponent): with y
-    # doubled no intermediate is denormal, and n up to 129 stays in range
-    bits = tirx.shift_left(t + tirx.const(126, "int32"), tirx.const(23, "int32"))
+    # 2^(n-1) from t's bits: the shift keeps the low 9 bits, n + 126 in [0, 255], as the
+    # exponent field and drops t's own exponent. With y doubled no intermediate is denormal,
+    # and n up to 129 stays in range. (The 126 in the rounder saves an integer add a vector.)
+    bits = tirx.shift_left(t, tirx.const(23, "int32"))
     return lets.wrap(y * tirx.reinterpret("float32", bits))
 
 
