@@ -273,7 +273,7 @@ def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(p
     PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1], {"vector": 16, "prefetch": prefetch})
     result = builder.result("k")
     roles = {g.block: g.role for g in result.groups}
-    assert roles["gv_sum_rf"] == "vector partial sums, in the stage loop"
+    assert roles["gv_sum_rf_rf_rf_rf"] == "vector partial sums, in the stage loop"
     assert roles["gv_exp"] == "row stage, in the output"
     text = result.script()
     assert text.count("llvm.prefetch") == prefetch
@@ -296,7 +296,7 @@ def test_persistent_rows_prefetches_every_cache_line_an_iteration_covers(accumul
     result = builder.result("k")
     text = result.script()
     assert text.count("llvm.prefetch") == accumulators
-    sum_loop = text.split('with T.sblock("gv_max")')[1].split('with T.sblock("gv_sum_rf")')[0]
+    sum_loop = text.split('with T.sblock("gv_max")')[1].split('with T.sblock("gv_sum_rf_rf_rf")')[0]
     assert sum_loop.count("llvm.prefetch") == accumulators
     x = np.random.default_rng(3).standard_normal((8, 512)).astype("float32") * 4
     (got,) = _run(result.func, [x], [(8, 512)])
@@ -307,7 +307,9 @@ def test_persistent_rows_prefetches_every_cache_line_an_iteration_covers(accumul
 @pytest.mark.parametrize("accumulators", [1, 4])
 def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumulators):
     # softmax 64 x 512: the max of x keeps accumulators x 16 partial maxima (then combined as
-    # vectors into 16 lanes); the sum of the exp stage stays one vector (in the stage's loop)
+    # vectors into 16 lanes); the sum of the exp stage stays one vector (in the stage's loop).
+    # Each sums its 16 lanes in halves (8, 4, 2, then the row's value): one rfactor per binary
+    # digit of the lane, each buffer the digits left
     func = _softmax(64, 512)
     builder = ScheduleBuilder(func)
     PersistentRows(MACHINE).apply(builder, block_infos(builder.sch)[-1],
@@ -315,10 +317,15 @@ def test_persistent_rows_accumulators_widen_the_partial_sums_of_an_input(accumul
     result = builder.result("k")
     lanes = {b.name: [int(d) for d in b.shape[:-2]] for b in result.func.body.block.alloc_buffers
              if b.name.endswith("rf")}
-    want = {"gv_max.rf": [16], "gv_sum.rf": [16]}
+    want = {red + ".rf" * depth: [2] * depth for red in ("gv_max", "gv_sum") for depth in range(1, 5)}
     if accumulators > 1:
-        want["gv_max.rf.rf"] = [accumulators, 16]
+        want["gv_max" + ".rf" * 5] = [accumulators, 2, 2, 2, 2]
     assert lanes == want
+    text = result.script()
+    for red in ("gv_max", "gv_sum"):  # the halves: 8, 4 and 2 lanes a vector, after the 2 they add
+        for depth, width in ((3, 8), (2, 4), (1, 2)):
+            halves, lanes = text.split(f'with T.sblock("{red}{"_rf" * depth}")')[0].rsplit("for ", 2)[-2:]
+            assert halves.startswith("ax0 in T.unroll(2):") and lanes.rstrip().endswith(f"T.vectorized({width}):")
     x = np.random.default_rng(2).standard_normal((64, 512)).astype("float32")
     e = np.exp(x - x.max(1, keepdims=True))
     (got,) = _run(result.func, [x], [(64, 512)])
