@@ -273,3 +273,24 @@ def test_nan_aware_comparisons_vectorize(op, mcpu):
                "minimum": lambda: torch.minimum(torch.from_numpy(a), torch.from_numpy(b)).numpy(),
                "isnan": lambda: np.isnan(a), "isinf": lambda: np.isinf(a), "isfinite": lambda: np.isfinite(a)}[name]()
         np.testing.assert_array_equal(out.numpy(), ref.astype("float32"))
+
+
+def test_silu_is_one_division_of_x():
+    """SiLU as x / (1 + exp(-x)): one division a vector and no multiply, where x * sigmoid(x)
+    took a reciprocal and a product (GroupNorm + SiLU 4x48x30x30 7-9% faster on a Zen 4, 4-6%
+    built for znver3); its special values are checked against PyTorch in test_edge_numerics."""
+    import torch
+
+    import tvm_ext
+
+    class SiLU(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(x)
+
+    x = torch.linspace(-90, 90, 4096).reshape(64, 64)
+    compiled = tvm_ext.compile(SiLU(), (x,))
+    (kernel,) = [f for _, f in compiled.lowered_module.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    store = [line.strip() for line in kernel.script().splitlines() if line.strip().startswith("lv[")]
+    assert len(store) == 1 and store[0].split(" = ", 1)[1].startswith("x[v_i0, v_i1] / (T.float32(1.0) + ")
+    assert store[0].count(" / ") == 1
+    np.testing.assert_allclose(compiled(x.numpy()), SiLU()(x).numpy(), rtol=2e-6, atol=1e-30)
