@@ -20,6 +20,7 @@ from relay_passes.place_device import PlaceDevice
 from relay_passes.plan_memory import PlanMemory
 from relay_passes.conv_layout import BlockConvLayout
 from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
+from relay_passes.sigmoid_gate import SigmoidGate
 from relay_passes.tanh_softplus import TanhSoftplus
 from relay_passes.fuse_compile import FuseCompile
 from relay_passes.grouping import MakeGroups
@@ -107,7 +108,7 @@ class Pipeline:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
         blocked = [BlockConvLayout(registry=self.registry)] if self.block_conv and self.fusion != "tvm" else []
-        algebra = [] if self.exact_math else [TanhSoftplus()]  # exact math keeps the model's own ops
+        algebra = [] if self.exact_math else [TanhSoftplus(), SigmoidGate()]  # exact math: the model's ops
         seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(self.registry), FoldTupleGetItem(),
                *algebra, relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
                relax.transform.DeadCodeElimination()]
