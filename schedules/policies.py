@@ -18,6 +18,7 @@ import tvm
 from tvm import s_tir
 
 from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, input_stages, row_vector, stmt, vector_factor
+from schedules.axes import ImplGraph
 from schedules.builder import ScheduleBuilder
 from tvm_ext.machine import Machine
 
@@ -401,7 +402,8 @@ class RegisterTiledAnchor(Policy):
             nb = info.spatial[info.reuse_axis]
             tiles_b += [b for b in (2, 4) if nb % b == 0]
         return {"tile_j": tiles_j, "tile_i": tiles_i, "k_unroll": [1, 4], "epilogue": [True, False],
-                "k_block": k_blocks, "i_block": i_blocks, "tile_b": tiles_b, "stage": [True, False] if info.stages else [False]}
+                "k_block": k_blocks, "i_block": i_blocks, "tile_b": tiles_b,
+                "stage": [True, False] if info.stages else [False]}
 
     def default(self, info, fuse_epilogue=True):
         space = self.space(info)
@@ -579,7 +581,7 @@ class RegisterTiledAnchor(Policy):
 
 
 # ---------------------------------------------------------------------- multi-stage
-def lane_digits(impl, lane: str) -> list[str]:
+def lane_digits(impl: ImplGraph, lane: str) -> list[str]:
     """Split axis ``lane`` (a vector's lanes, a power of two of them) into axes of 2, its binary
     digits, most significant first; ``[lane]`` for another count or fewer than 4."""
     size = impl[lane].size
