@@ -271,7 +271,7 @@ def test_command_line_tunes_then_compiles_from_the_records(tmp_path, capsys):
     db = str(tmp_path / "cli.jsonl")
     assert main(["tune", "elementwise_chain", "--trials", "3", "--batch", "2", "--db", db]) == 0
     out = capsys.readouterr().out
-    assert "speed-up" in out and "fused_sigmoid" in out
+    assert "speed-up" in out and "fused_silu" in out
     assert len(TuningDatabase(db)) >= 3
     assert main(["compile", "elementwise_chain", "--db", db]) == 0
     assert "tuned schedules from" in capsys.readouterr().out
