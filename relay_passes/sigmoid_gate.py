@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import PatternMatchingRewriter, is_op, wildcard
 
 
 def _pattern():
@@ -35,9 +35,4 @@ class SigmoidGate:
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         pattern, x = _pattern()
-        rewrite = _rewriter(x)
-        out = mod.clone()
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                out.update_func(gv, rewrite_call(pattern, rewrite, func))
-        return out
+        return PatternMatchingRewriter.from_pattern(pattern, _rewriter(x))(mod)

@@ -551,9 +551,9 @@ class RegisterTiledAnchor(Policy):
         ResNet basic block (1x32x56x56, two 3x3 convs), Zen 4: 0.563-0.567 -> 0.538-0.542 ms
         (interleaved, 4.0-4.4%); conv-bn-relu 1-3%; both built for znver3, within +-0.5%."""
         moved = []
+        shared = builder.impl(name).index(blocked) + 1  # the stage's loops from here on are its own
         for stage in input_stages(builder.sch, builder.sch.get_sblock(name), set(builder.block_names())):
             total = math.prod(int(iv.dom.extent) for iv in builder.block(stage).iter_vars)
-            shared = builder.impl(name).index(blocked) + 1
             trial = builder.copy()
             trial.compute_at(stage, name, blocked)
             per_core = math.prod(a.size for a in trial.impl(stage).axis[shared:])
