@@ -220,24 +220,3 @@ def test_the_cycle_collector_is_paused_for_the_export_and_the_import_and_resumed
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
-
-
-def test_overlapping_pauses_of_the_cycle_collector_resume_it_once_the_last_ends():
-    import gc
-
-    was = gc.isenabled()
-    try:
-        gc.enable()
-        outer = frontends.cyclic_gc_paused()
-        inner = frontends.cyclic_gc_paused()
-        outer.__enter__()
-        inner.__enter__()
-        outer.__exit__(None, None, None)  # another thread's import ends first
-        assert not gc.isenabled()
-        inner.__exit__(None, None, None)
-        assert gc.isenabled()
-        with pytest.raises(ValueError), frontends.cyclic_gc_paused():
-            raise ValueError("a failed export")
-        assert gc.isenabled()
-    finally:
-        (gc.enable if was else gc.disable)()

@@ -1,18 +1,16 @@
 """Frontends: a PyTorch module, an ONNX model, a Symbol or a Relax IRModule becomes one IRModule."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import operator
 import os
-import threading
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tvm
 
+from tvm_ext.cyclic_gc import cyclic_gc_paused
 from tvm_ext.errors import FrontendError, InputError
 from tvm_ext.symbol import Symbol
 
@@ -42,33 +40,6 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
     finally:
         fake_log.setLevel(level)
     return from_exported(exported, keep_params_as_input, type(module).__name__)
-
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0  # imports under way that paused the collector (threads may import at once)
-_gc_was_enabled = False  # its state before the first of them
-
-
-@contextlib.contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Python's cycle collector off for the block, as it was afterwards. torch.export and the
-    importer make objects by the hundred thousand; a full collection midway scans every object
-    the process holds (400,000 with torch and TVM loaded). The transformer layer's export and
-    import took 0.13 s with the collector, 0.07 s without (Zen 4). Cycles made meanwhile are
-    collected afterwards."""
-    global _gc_pauses, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-        _gc_pauses += 1
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
 
 
 def from_exported(exported: Any, keep_params_as_input: bool = False, name: str = "the exported program"

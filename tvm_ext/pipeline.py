@@ -29,6 +29,7 @@ from schedules import Machine, ScheduleKernels
 from schedules.database import TuningDatabase
 from schedules.history import ApplyHistoryBest, model_check, model_check_task
 from tvm_ext.build_pipeline import build_executable, relax_pipeline
+from tvm_ext.cyclic_gc import cyclic_gc_paused
 from tvm_ext.compiled_model import CompiledModel, dim_bounds_of, outputs_of, signature_of
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
@@ -199,17 +200,18 @@ class Pipeline:
 
     def run(self, model: Any, example_inputs: Sequence[Any] | None = None,
             shape_dict: dict | None = None) -> CompiledModel:
-        t0 = time.perf_counter()
-        mod = import_model(model, example_inputs, shape_dict)
-        if self.tuning_db is not None:  # the hash reads every weight: only where a check may apply
-            self.model_task = model_check_task(mod, self.fusion if isinstance(self.fusion, str)
-                                               else type(self.fusion).__name__)
-        t1 = time.perf_counter()
-        prepared = self.prepare(mod)
-        lowered, report = self.lower(prepared)
-        t2 = time.perf_counter()
-        compiled = self.build(lowered, prepared, report)
-        t3 = time.perf_counter()
+        with cyclic_gc_paused():  # the whole compile: see tvm_ext/cyclic_gc.py
+            t0 = time.perf_counter()
+            mod = import_model(model, example_inputs, shape_dict)
+            if self.tuning_db is not None:  # the hash reads every weight: only where a check may apply
+                self.model_task = model_check_task(mod, self.fusion if isinstance(self.fusion, str)
+                                                   else type(self.fusion).__name__)
+            t1 = time.perf_counter()
+            prepared = self.prepare(mod)
+            lowered, report = self.lower(prepared)
+            t2 = time.perf_counter()
+            compiled = self.build(lowered, prepared, report)
+            t3 = time.perf_counter()
         self.timings = {"import": t1 - t0, "passes": t2 - t1, "build": t3 - t2}
         compiled.lowered_module = lowered
         return compiled
