@@ -160,3 +160,32 @@ def test_leaving_out_the_gpu_only_passes_changes_no_cpu_kernel(mcpu):
             with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
                 lowered.append(tvm.transform.Sequential(passes[:upto])(mod))
         assert tvm_ffi.structural_equal(lowered[0], lowered[1])
+
+
+def _two_stage(elements: int) -> tirx.PrimFunc:
+    """y = x * 2 + 1 through an intermediate buffer of ``elements`` floats, left unscheduled."""
+    x = te.placeholder((elements,), "float32", name="x")
+    twice = te.compute(x.shape, lambda i: x[i] * 2.0, name="twice")
+    y = te.compute(x.shape, lambda i: twice[i] + 1.0, name="y")
+    return te.create_prim_func([x, y]).with_attr("global_symbol", "k")
+
+
+@pytest.mark.parametrize("mcpu", ["host", "znver3"])
+def test_a_buffer_of_up_to_16_kib_is_on_the_stack_and_a_larger_one_comes_from_the_pool(mcpu):
+    """StackSmallBuffers: 1 KiB (a register tile of 16 zmm) and 16 KiB on the stack, where TVM
+    alone gives the stack only what is under 1 KiB; 16 KiB + 4 bytes still from the pool."""
+    from tvm_ext.tir_pipeline import STACK_BYTES
+
+    target = host_target() if mcpu == "host" else cpu_target(mcpu, cores=2)
+    rng = np.random.default_rng(0)
+    for elements, pooled in ((256, False), (STACK_BYTES // 4, False), (STACK_BYTES // 4 + 1, True)):
+        mod = tvm.IRModule({"k": _two_stage(elements)})
+        lib = tvm.tirx.build(mod, target=target, pipeline=TIR_PIPELINE)
+        assert ("@__TVMBackendAllocWorkspace" in lib.inspect_source("ll")) == pooled, elements
+        default = tvm.tirx.build(mod, target=target)  # TVM's own pipeline: 1 KiB is not under 1 KiB
+        assert "@__TVMBackendAllocWorkspace" in default.inspect_source("ll"), elements
+        if mcpu == "host":
+            v = rng.standard_normal(elements, dtype="float32")
+            out = tvm.runtime.empty((elements,), "float32")
+            lib["k"](tvm.runtime.tensor(v), out)
+            np.testing.assert_allclose(out.numpy(), v * 2 + 1, rtol=1e-6)
