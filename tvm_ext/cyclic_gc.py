@@ -6,6 +6,8 @@ process holds: 400,000 with torch and TVM loaded, 0.12-0.27 s on a Zen 4. Such a
 fell inside one compile in seven of a loop over the benchmark's models (the transformer
 layer's: 0.57 s instead of 0.38). With the collector paused, what the compile makes and drops
 is freed by reference counts, never promoted, and the next young collection frees its cycles.
+A full collection that other work has made due still runs, when the pause ends: in one
+benchmark run, one of its four (0.24-0.42 s each) fell at the end of an import.
 """
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ from schedules import Machine, ScheduleKernels
 from schedules.database import TuningDatabase
 from schedules.history import ApplyHistoryBest, model_check, model_check_task
 from tvm_ext.build_pipeline import build_executable, relax_pipeline
-from tvm_ext.cyclic_gc import cyclic_gc_paused
 from tvm_ext.compiled_model import CompiledModel, dim_bounds_of, outputs_of, signature_of
+from tvm_ext.cyclic_gc import cyclic_gc_paused
 from tvm_ext.errors import CompileError, UnsupportedDtypeError, UnsupportedOpError
 from tvm_ext.frontends import import_model
 from tvm_ext.measured_rollback import MeasuredRollback
