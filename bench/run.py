@@ -18,7 +18,8 @@ exporter or, where that fails, torch.export's (onnxscript). Compile times are ea
 first: ours (the import, torch.export and TVM's importer, given apart from each strategy's
 compile: a user's ``tvm_ext.compile(module, (x,))`` pays both; the compile is timed up to its
 first call's result), ``torch.compile``'s first call with an empty Inductor cache, ORT's export and
-session. Our call and its kernels are measured A B B A within a round. All use the same
+session, each right after a full collection of Python's cycle collector (``collected``). Our call
+and its kernels are measured A B B A within a round. All use the same
 threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads). Every time is the median of ``--repeat``
 measurements (each ~20 ms of calls), taken in rounds that time every system once, so that a slow
 spell of the shared machine falls on all systems alike; a ratio above 1 means tvm_ext (its best
@@ -39,6 +40,7 @@ machine is shared and noisy: compare ratios from one run, not absolute times acr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -213,11 +215,22 @@ VARIANTS = {
 }
 
 
+def collected() -> None:
+    """A full collection of Python's cycle collector right before a timed compile (ours, ORT's,
+    torch.compile's), as timeit and pyperf keep the collector out of what they time: one comes due
+    after enough long-lived objects pile up, scans every object the process holds (0.24-0.42 s,
+    four times in a run of this benchmark) and falls on whatever allocates then. One fell at
+    the end of our import of conv_bn_relu (0.52 s against 0.02-0.06 for the other models).
+    Collected just before, none is due during the compile, for any of the systems."""
+    gc.collect()
+
+
 def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True,
               tune_trials: int = 0, tuning_db: str | None = None, mcpu: str | None = None) -> dict:
     module, x = workload.make()
     module.eval()
     target = cpu_target(mcpu) if mcpu else tvm_ext.host_target()
+    collected()
     t0 = time.perf_counter()
     imported = from_torch(module, (x,))
     import_s = time.perf_counter() - t0  # torch.export and TVM's importer: part of a user's compile
@@ -227,6 +240,7 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True, "build_s": {}, "import_s": import_s}
     timers, slow, untuned = {}, set(), {}
     for fusion in fusions:
+        collected()
         t0 = time.perf_counter()
         compiled = untuned[fusion] = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
         first = compiled(xn)
@@ -259,6 +273,7 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
     else:  # as TVM's users call it: a tensor made from numpy, the result back to numpy
         timers["tvm"] = py_timer(lambda: call_as_users_do(baseline, xn))
     row["tvm_fused_kernels"] = tvm_fused_kernel_count(imported)
+    collected()
     t0 = time.perf_counter()
     session_run = onnxruntime_session(module, x) if with_ort else None
     row["ort_build_s"] = time.perf_counter() - t0 if session_run is not None else None  # export + session
@@ -280,6 +295,7 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
                                      if n.op == "call_function")
                     return compile_fx(gm, inputs)
                 compiled_torch = torch.compile(module, backend=inductor)
+                collected()
                 t0 = time.perf_counter()
                 compiled_torch(x)
                 row["torch_compile_build_s"] = time.perf_counter() - t0  # its first call compiles

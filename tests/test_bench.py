@@ -72,3 +72,30 @@ def test_bench_tunes_against_a_second_build_for_another_cpu(tmp_path):
     (row,) = result["rows"]
     assert result["mcpu"] == "haswell" and row["ok"]
     assert row["tuned_ms"] > 0 and row["tuned_vs_untuned"] > 0 and row["rebuilt_vs_untuned"] > 0
+
+
+def test_each_timed_compile_starts_right_after_a_full_collection(monkeypatch):
+    """Ours (import, then each strategy's compile) and ORT's session each begin right after
+    ``collected``, so that no full collection due from earlier work falls inside one of them."""
+    sys.path.insert(0, str(BENCH.parent))
+    import run
+    from models import workloads
+
+    events = []
+    monkeypatch.setattr(run, "collected", lambda: events.append("collected"))
+    monkeypatch.setattr(run, "interleaved_medians", lambda timers, *a, **k: {
+        n: (1.0, 1.0, 1.0) if n.startswith("ours") else 1.0 for n in timers})
+    for name, wrapped in (("from_torch", "import"), ("onnxruntime_session", "ort")):
+        real = getattr(run, name)
+        monkeypatch.setattr(run, name, lambda *a, _real=real, _label=wrapped, **k: (events.append(_label),
+                                                                                  _real(*a, **k))[1])
+    real_compile = run.tvm_ext.compile
+    monkeypatch.setattr(run.tvm_ext, "compile", lambda *a, **k: (events.append("compile"), real_compile(*a, **k))[1])
+    run.bench_one("elementwise_chain", workloads(quick=True)["elementwise_chain"], 1, ["autofuse", "nnvm"],
+                  with_compile=False)
+    timed = [e for e in events if e != "collected"]
+    assert timed[:3] == ["import", "compile", "compile"] and "ort" in timed
+    for label in ("import", "compile", "ort"):
+        for i, e in enumerate(events):
+            if e == label:
+                assert events[i - 1] == "collected", events
