@@ -724,6 +724,7 @@ class PersistentRows(Policy):
         for name in reversed(order):
             builder.compute_at(name, out, row)
         stage_loops = {}  # row stage -> its loop over vectors of the row
+        halving = {step for steps in halves.values() for step in steps}
         for name in order:
             impl = builder.impl(name)
             own = impl.names[1:]
@@ -734,8 +735,7 @@ class PersistentRows(Policy):
                 spatial = [n for n in own if not impl[n].reduce]
                 digits = spatial[len(spatial) - lane_axes[name]:]
                 impl.reorder(*reduce, *spatial)
-                halving = any(name in steps for steps in halves.values())
-                for n in spatial[:len(spatial) - len(digits)] + (reduce if halving else []):
+                for n in spatial[:len(spatial) - len(digits)] + (reduce if name in halving else []):
                     impl.mark_unrolled(n)
                 impl.mark_vectorized(impl.merge_all(digits))
                 if name in partials.values():

@@ -136,13 +136,16 @@ def _mb(n: int | None) -> str:
     return f"{n / (1 << 20):.2f} MB"
 
 
-def _buffer_bytes(buf) -> int | None:
+def buffer_bytes(buf: object) -> int | None:
+    """The bytes a TIR buffer (or a parameter typed as one) of constant shape holds, vector
+    elements counted whole; None for a symbolic shape."""
     dims = []
     for d in buf.shape:
         if not isinstance(d, tirx.IntImm):
             return None
         dims.append(int(d))
-    return math.prod(dims) * tvm.DataType(str(buf.dtype)).bits // 8
+    dtype = tvm.DataType(str(buf.dtype))
+    return math.prod(dims) * dtype.bits * dtype.lanes // 8
 
 
 def kernels_of(mod: tvm.IRModule, entry: str = "main") -> tuple[list[KernelInfo], list[str]]:
@@ -183,7 +186,7 @@ def _kernel_info_of(mod: tvm.IRModule, call: relax.Call) -> KernelInfo:
     gv = call.args[0]
     prim = mod[gv]
     n_in = len(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else 1
-    sizes = [_buffer_bytes(p) for p in prim.params if isinstance(p.ty, tirx.BufferType)]
+    sizes = [buffer_bytes(p) for p in prim.params if isinstance(p.ty, tirx.BufferType)]
     ins, outs = sizes[:n_in], sizes[n_in:]
     read = None if None in ins else sum(ins)
     written = None if None in outs else sum(outs)

@@ -36,6 +36,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.pipeline import finalize_device_passes, finalize_host_passes
 from tvm.tirx import compilation_pipeline
 
+from tvm_ext.report import buffer_bytes
+
 TIR_PIPELINE = "tvm_ext"
 
 
@@ -153,15 +155,11 @@ def stack_small_buffers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     """Every global buffer of a constant size up to ``STACK_BYTES`` marked for the stack, where
     LowerTVMBuiltin would otherwise allocate it from the workspace pool (see the module's note)."""
     def allocation(node: tirx.AllocBuffer) -> tirx.AllocBuffer:
-        buf = node.buffer
-        if buf.scope() != "global" or not all(isinstance(d, tirx.IntImm) for d in buf.shape):
+        nbytes = buffer_bytes(node.buffer)
+        if node.buffer.scope() != "global" or nbytes is None or nbytes > STACK_BYTES:
             return node
-        nbytes = buf.dtype.bits * buf.dtype.lanes // 8
-        for d in buf.shape:
-            nbytes *= int(d)
-        if nbytes > STACK_BYTES or "disable_lower_builtin" in (node.annotations or {}):
-            return node
-        return tirx.AllocBuffer(buf, {**(node.annotations or {}), "disable_lower_builtin": tirx.IntImm("bool", 1)})
+        stack = {**(node.annotations or {}), "disable_lower_builtin": tirx.IntImm("bool", 1)}
+        return tirx.AllocBuffer(node.buffer, stack)
 
     return tvm_ffi.structural_map(func, [(tirx.AllocBuffer, allocation)])
 
