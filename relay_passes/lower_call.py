@@ -7,6 +7,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from relay_passes.simplify import constant_data
 from tvm_ext.errors import CompileError, NotLowerable
 from tvm_ext.loop_ir import SUPPORTED_DTYPES, dtype_of
 from tvm_ext.lowering import KernelBuilder, full
@@ -48,7 +49,7 @@ def _convert(arg, env: dict, kb: KernelBuilder, const_args: list):
     if isinstance(arg, relax.Var):
         return env[arg]
     if isinstance(arg, tvm.ir.GenericConst):
-        data = arg.value.numpy()
+        data = constant_data(arg)
         if str(data.dtype) not in SUPPORTED_DTYPES:
             raise NotLowerable(f"constant of dtype {data.dtype}")
         if data.size == 1:  # a literal at every index

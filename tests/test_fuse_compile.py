@@ -158,6 +158,18 @@ def test_pack_matmul_weights_stores_a_constant_operand_in_column_panels():
     np.testing.assert_allclose(tvm_ext.compile(mod)(x), 2 * x @ w, rtol=1e-5, atol=1e-4)
 
 
+def test_passes_read_a_constant_through_a_read_only_view_of_its_tensor():
+    from relay_passes.simplify import constant_data
+
+    const = relax.const(np.arange(6, dtype="float32").reshape(2, 3))
+    view = constant_data(const)
+    assert view.shape == (2, 3) and view.dtype == np.float32 and view[1, 2] == 5.0
+    with pytest.raises(ValueError):
+        view[0, 0] = 1.0
+    np.from_dlpack(const.value)[0, 0] = 7.0  # the tensor's own memory: a copy would not see it
+    assert view[0, 0] == 7.0
+
+
 @pytest.mark.parametrize("shape", [(128, 48), (8, 64)])  # columns not a multiple of the panel; too small
 def test_pack_matmul_weights_leaves_other_weights_alone(shape):
     from relay_passes import PackMatmulWeights
