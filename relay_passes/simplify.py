@@ -35,8 +35,12 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModul
 
 def constant_data(const: tvm.ir.GenericConst) -> np.ndarray:
     """A constant's data as a read-only numpy view of its tensor, not a copy (``.numpy()``
-    copies: 3 ms for a 16 MB weight, paid at every read by a pass or a lowering)."""
-    view = np.from_dlpack(const.value)
+    copies: 3 ms for a 16 MB weight, paid at every read by a pass or a lowering). A dtype
+    that DLPack cannot give numpy (bfloat16) comes as ``.numpy()``'s copy."""
+    try:
+        view = np.from_dlpack(const.value)
+    except (RuntimeError, BufferError, TypeError):
+        view = const.value.numpy()
     view.flags.writeable = False
     return view
 
