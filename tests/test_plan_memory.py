@@ -327,3 +327,20 @@ def test_an_mlp_training_step_is_planned_in_half_its_naive_bytes(fusion):
     memory = trainer.compiled[0].report().memory
     assert memory.planned <= 0.5 * memory.naive
     assert memory.planned <= memory.tvm_static and memory.planned <= 1.1 * memory.lower_bound
+
+
+def test_main_calls_the_planned_entry_so_the_weights_are_in_the_executable_once(rng):
+    # main allocates a workspace and the outputs and calls main_planned: the kernels (and the
+    # constants they read) appear only in main_planned's code
+    w = rng.standard_normal((64, 64)).astype("float32")
+    compiled = tvm_ext.compile(build_module(lambda v: R.nn.relu(R.matmul(v, relax.const(w))), [((8, 64), "float32")]))
+    text = compiled.executable.as_text()
+    main, planned = text.split("@main_planned:")[0].split("@main:")[1], text.split("@main_planned:")[1]
+    assert "call  main_planned" in main and "fused_" not in main
+    assert "fused_" in planned
+    x = rng.standard_normal((8, 64)).astype("float32")
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x))
+    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    np.testing.assert_allclose(got, np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(compiled(x), got, rtol=0, atol=0)
