@@ -708,7 +708,8 @@ def _calling_planned_entry(func: relax.Function, planned: relax.Function, entry:
     params = [relax.Var(p.name, p.ty) for p in func.params]
     bb = relax.BlockBuilder()
     planned_gv = bb.add_func(planned, PLANNED_ENTRY)
-    with bb.function("main", params, attrs=dict(func.attrs) if func.attrs is not None else None, pure=func.is_pure):
+    attrs = dict(func.attrs) if func.attrs is not None else None
+    with bb.function("main", params, attrs=attrs, pure=func.is_pure):
         workspace = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([entry.workspace_bytes]), "uint8", 0),
                             "workspace")
         dests = [bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr(list(shape)), dtype, 0), f"out{i}")

@@ -508,8 +508,10 @@ def _lone_stores_per_loop(func: tvm.tirx.PrimFunc, target: tvm.target.Target) ->
 
     def strided_lanes(node) -> int:
         index = node.indices[-1]
-        unit = isinstance(index, tvm.tirx.Ramp) and isinstance(index.stride, tvm.tirx.IntImm) and index.stride.value == 1
-        return index.lanes if isinstance(index, tvm.tirx.Ramp) and not unit else 0
+        if not isinstance(index, tvm.tirx.Ramp):
+            return 0
+        unit = isinstance(index.stride, tvm.tirx.IntImm) and index.stride.value == 1
+        return 0 if unit else index.lanes
 
     def loop(node):
         loops, lanes = [], []
