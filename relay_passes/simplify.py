@@ -83,7 +83,22 @@ class _ConstantFolder(PyExprMutator):
             data = opdef.fold(constant_data(arg), call)
         except (TypeError, ValueError, AttributeError):
             return call
-        return relax.const(np.asarray(data, order="C"), str(call.ty.dtype))  # keeps 0-d as 0-d
+        return relax.const(new_constant_data(np.asarray(data)), str(call.ty.dtype))
+
+
+def new_constant_data(data: np.ndarray) -> "tvm.runtime.Tensor | np.ndarray":
+    """``data`` (a view: a transpose of a weight) copied once, straight into a new tensor for
+    a constant; ``relax.const`` of a strided view copies it twice (a C-order copy, then the
+    tensor). A 0-d array, or a dtype DLPack cannot take, stays numpy (``relax.const`` keeps 0-d
+    as 0-d)."""
+    if data.ndim == 0:
+        return np.asarray(data, order="C")
+    try:
+        tensor = tvm.runtime.empty(data.shape, str(data.dtype))
+        np.from_dlpack(tensor)[...] = data
+    except (RuntimeError, BufferError, TypeError):
+        return np.asarray(data, order="C")
+    return tensor
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="FoldTupleGetItem")

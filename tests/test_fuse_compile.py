@@ -170,6 +170,16 @@ def test_passes_read_a_constant_through_a_read_only_view_of_its_tensor():
     assert view[0, 0] == 7.0
 
 
+def test_a_folded_constant_is_its_value_in_c_order_and_a_scalar_stays_0_d():
+    from relay_passes.simplify import new_constant_data
+
+    w = np.arange(12, dtype="float32").reshape(3, 4)
+    folded = relax.const(new_constant_data(w.T), "float32").value.numpy()
+    assert folded.shape == (4, 3) and folded.flags.c_contiguous
+    np.testing.assert_array_equal(folded, w.T)
+    assert relax.const(new_constant_data(np.asarray(np.float32(2.5))), "float32").value.numpy().shape == ()
+
+
 @pytest.mark.parametrize("shape", [(128, 48), (8, 64)])  # columns not a multiple of the panel; too small
 def test_pack_matmul_weights_leaves_other_weights_alone(shape):
     from relay_passes import PackMatmulWeights
