@@ -178,6 +178,9 @@ def test_a_folded_constant_is_its_value_in_c_order_and_a_scalar_stays_0_d():
     assert folded.shape == (4, 3) and folded.flags.c_contiguous
     np.testing.assert_array_equal(folded, w.T)
     assert relax.const(new_constant_data(np.asarray(np.float32(2.5))), "float32").value.numpy().shape == ()
+    big = np.random.default_rng(0).standard_normal((2, 300, 517)).astype("float32")  # partial tiles
+    for view in (big.transpose(0, 2, 1), big.transpose(2, 1, 0), big.transpose(1, 0, 2)):
+        np.testing.assert_array_equal(new_constant_data(view).numpy(), view)
 
 
 @pytest.mark.parametrize("shape", [(128, 48), (8, 64)])  # columns not a multiple of the panel; too small
