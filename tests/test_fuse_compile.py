@@ -113,6 +113,37 @@ def test_strict_mode_raises_on_a_broken_lowering():
     assert len(OPS) > len(registry)
 
 
+def test_cse_around_weights_merges_what_relax_cse_merges_but_equal_copies_of_a_weight():
+    # y = x @ W, z = x @ W (one constant object), u = x @ W' (an equal copy), s1 = 1 + x, s2 = 1 + x:
+    # z becomes y and s2 becomes s1, as Relax's CSE does; u stays (Relax's CSE, hashing bytes, merges it)
+    from relay_passes.simplify import HELD_BYTES, EliminateCommonSubexprAroundWeights
+
+    w = np.random.default_rng(0).standard_normal((128, 128)).astype("float32")
+    assert w.nbytes >= HELD_BYTES
+    c, c_copy = relax.const(w), relax.const(w.copy())
+    x = relax.Var("x", relax.TensorType((4, 128), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y, z, u = (bb.emit(R.matmul(x, k)) for k in (c, c, c_copy))
+            s1, s2 = (bb.emit(R.add(relax.const(1.0, "float32"), x)) for _ in range(2))
+            gv = bb.emit_output(relax.Tuple([R.add(R.add(y, z), u), R.multiply(s1, s2)]))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    out = EliminateCommonSubexprAroundWeights()(mod)
+    assert [p.name for p in out["main"].params] == ["x"]
+    values = [b.value for b in out["main"].body.blocks[0].bindings]
+    calls = [v for v in values if isinstance(v, relax.Call)]
+    assert [v.op.name for v in calls] == ["relax.matmul", "relax.matmul", "relax.add", "relax.add", "relax.add",
+                                          "relax.multiply"]
+    assert calls[0].args[1].same_as(c) and calls[1].args[1].same_as(c_copy)  # constants again, not parameters
+    assert sum(isinstance(v, relax.Var) for v in values) == 2  # z = y, s2 = s1
+    xs = np.random.default_rng(1).standard_normal((4, 128)).astype("float32")
+    got = tvm_ext.compile(out)(xs)
+    np.testing.assert_allclose(got[0], 3 * (xs @ w), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[1], (1 + xs) ** 2, rtol=1e-6)
+
+
 def test_folding_a_layout_op_of_a_scalar_constant_keeps_it_0_d():
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((), "float32"))

@@ -19,7 +19,7 @@ from relay_passes.pack_weights import PackMatmulWeights
 from relay_passes.place_device import PlaceDevice
 from relay_passes.plan_memory import PlanMemory
 from relay_passes.conv_layout import BlockConvLayout
-from relay_passes.simplify import FoldTupleGetItem, FoldWeightLayout
+from relay_passes.simplify import EliminateCommonSubexprAroundWeights, FoldTupleGetItem, FoldWeightLayout
 from relay_passes.sigmoid_gate import SigmoidGate
 from relay_passes.tanh_softplus import TanhSoftplus
 from relay_passes.fuse_compile import FuseCompile
@@ -111,7 +111,7 @@ class Pipeline:
         blocked = [BlockConvLayout(registry=self.registry)] if self.block_conv and self.fusion != "tvm" else []
         algebra = [] if self.exact_math else [TanhSoftplus(), SigmoidGate()]  # exact math: the model's ops
         seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(self.registry), FoldTupleGetItem(),
-               *algebra, relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
+               *algebra, relax.transform.CanonicalizeBindings(), EliminateCommonSubexprAroundWeights(),
                relax.transform.DeadCodeElimination()]
         with self.target:
             mod = tvm.transform.Sequential(seq)(mod)
