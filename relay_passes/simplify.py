@@ -8,6 +8,13 @@ the weight from every call. TVM's ``FoldConstant`` would do it too, but it also
 materializes ``broadcast_to`` of constants (a weight broadcast over the batch grows by
 the batch size), so this pass folds only ops that keep the constant's size.
 
+Folded constants are written once into their new tensors (a transpose tile by tile);
+FoldWeightLayout, PackMatmulWeights and the lowerings read constants through read-only views
+(``constant_data``) instead of ``.numpy()`` copies.
+
+EliminateCommonSubexprAroundWeights is Relax's CSE with the large constants held as
+parameters while it runs, so that it does not hash their bytes.
+
 FoldTupleGetItem turns ``t = (a, b); x = t[0]`` into ``x = a``.
 
 Importers pack values into tuples and unpack them again (PyTorch's ``max(dim)`` gives
@@ -113,10 +120,10 @@ def _copy_tiled(dst: np.ndarray, src: np.ndarray) -> None:
     if src.ndim < 2 or src.strides[-1] == src.itemsize:
         dst[...] = src
         return
-    rows, cols = src.shape[-2:]
-    for r in range(0, rows, TRANSPOSE_TILE):
-        for c in range(0, cols, TRANSPOSE_TILE):
-            dst[..., r:r + TRANSPOSE_TILE, c:c + TRANSPOSE_TILE] = src[..., r:r + TRANSPOSE_TILE, c:c + TRANSPOSE_TILE]
+    rows, cols, t = *src.shape[-2:], TRANSPOSE_TILE
+    for r in range(0, rows, t):
+        for c in range(0, cols, t):
+            dst[..., r:r + t, c:c + t] = src[..., r:r + t, c:c + t]
 
 
 #: constants of this many bytes or more are held as parameters while CSE runs
