@@ -8,12 +8,11 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from schedules.primitives import prim
 from tvm_ext import attrs
 from tvm_ext.machine import Machine
 
 SPATIAL, REDUCE = 0, 2
-
-_GET = getattr(s_tir.Schedule.get, "__wrapped__", s_tir.Schedule.get)
 
 
 def stmt(sch: s_tir.Schedule, rv) -> tirx.Stmt:
@@ -21,7 +20,7 @@ def stmt(sch: s_tir.Schedule, rv) -> tirx.Stmt:
     argument's type, which cost more than the lookup. The transformer layer's scheduling makes
     407 lookups; without the checks it took 0.091-0.099 s instead of 0.102-0.109 (Zen 4). Our
     random variables all come from the schedule itself."""
-    return _GET(sch, rv)
+    return prim.get(sch, rv)
 
 
 def master_is_anchor(func: tirx.PrimFunc) -> bool:
@@ -82,7 +81,7 @@ def _uniform(block, ivars) -> bool:
 
 def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
     out = []
-    roots = sch.get_child_blocks(sch.get_sblock("root"))
+    roots = prim.get_child_blocks(sch, prim.get_sblock(sch, "root"))
     at_root = {stmt(sch, rv).name_hint for rv in roots}
     for rv in roots:
         block = stmt(sch, rv)
@@ -102,9 +101,9 @@ def input_stages(sch: s_tir.Schedule, rv: s_tir.SBlockRV, at_root: set[str]) -> 
     """The producers of block ``rv`` that are spatial blocks at the root (names in ``at_root``)
     read by no other block."""
     out = []
-    for producer in sch.get_producers(rv):
+    for producer in prim.get_producers(sch, rv):
         block = stmt(sch, producer)
-        if block.name_hint in at_root and block.name_hint not in out and len(sch.get_consumers(producer)) == 1 \
+        if block.name_hint in at_root and block.name_hint not in out and len(prim.get_consumers(sch, producer)) == 1 \
                 and all(int(iv.iter_type) == SPATIAL for iv in block.iter_vars):
             out.append(block.name_hint)
     return out

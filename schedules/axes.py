@@ -28,6 +28,7 @@ import enum
 import math
 from dataclasses import dataclass, field, replace
 
+from schedules.primitives import prim
 
 AT_LOOP_AXIS = "<at loop_axis>"  # ImplGraph.buffer_axis's default: the buffer holds one step's data
 
@@ -145,7 +146,7 @@ class ImplGraph:
         self.axis[i:i + 1] = [outer, inner_axis]
         self.steps.append(Step(op, (name,), (inner, outer_name, inner_name, axis.size)))
         if self.sch is not None:
-            lo, li = self.sch.split(self.loops.pop(name), [None, inner])
+            lo, li = prim.split(self.sch, self.loops.pop(name), [None, inner])
             self.loops[outer_name], self.loops[inner_name] = lo, li
         return outer_name, inner_name
 
@@ -168,7 +169,7 @@ class ImplGraph:
         self.axis[idx[0]:idx[-1] + 1] = [merged]
         self.steps.append(Step("merge", tuple(names), (merged.name,)))
         if self.sch is not None:
-            self.loops[merged.name] = self.sch.fuse(*[self.loops.pop(n) for n in names])
+            self.loops[merged.name] = prim.fuse(self.sch, *[self.loops.pop(n) for n in names])
         return merged.name
 
     def reorder(self, *names: str) -> None:
@@ -185,7 +186,7 @@ class ImplGraph:
         self.axis = new
         self.steps.append(Step("reorder", tuple(names)))
         if self.sch is not None:
-            self.sch.reorder(*[self.loops[n] for n in names])
+            prim.reorder(self.sch, *[self.loops[n] for n in names])
 
     def set_loop_axis(self, name: str | None) -> None:
         if name is not None:
@@ -206,20 +207,20 @@ class ImplGraph:
         self.parallel = name
         self.steps.append(Step("parallel", (name,)))
         if self.sch is not None:
-            self.sch.parallel(self.loops[name])
+            prim.parallel(self.sch, self.loops[name])
 
     def mark_vectorized(self, name: str) -> None:
         self.set_loop_axis(self.names[self.index(name) - 1] if self.index(name) else None)
         self.steps.append(Step("vectorize", (name,)))
         if self.sch is not None:
-            self.sch.vectorize(self.loops[name])
+            prim.vectorize(self.sch, self.loops[name])
 
     def mark_unrolled(self, name: str) -> None:
         self[name]
         self.unrolled.append(name)
         self.steps.append(Step("unroll", (name,)))
         if self.sch is not None:
-            self.sch.unroll(self.loops[name])
+            prim.unroll(self.sch, self.loops[name])
 
     def _fresh(self, name: str) -> str:
         taken = set(self.names)

@@ -21,6 +21,7 @@ from tvm import s_tir, tirx
 
 from schedules.analysis import REDUCE, stmt
 from schedules.axes import Axis, AxisType, ImplGraph
+from schedules.primitives import prim
 
 
 @dataclass
@@ -85,10 +86,10 @@ class ScheduleBuilder:
 
     # ------------------------------------------------------------------ blocks
     def block_names(self) -> list[str]:
-        return [stmt(self.sch, b).name_hint for b in self.sch.get_child_blocks(self.sch.get_sblock("root"))]
+        return [stmt(self.sch, b).name_hint for b in prim.get_child_blocks(self.sch, prim.get_sblock(self.sch, "root"))]
 
     def block(self, name: str):
-        return stmt(self.sch, self.sch.get_sblock(name))
+        return stmt(self.sch, prim.get_sblock(self.sch, name))
 
     def impl(self, name: str) -> ImplGraph:
         return self.groups[name].impl
@@ -96,8 +97,8 @@ class ScheduleBuilder:
     def _fresh_impl(self, name: str, shared: list[Axis] | None = None) -> ImplGraph:
         """An ImplGraph over the block's current loops; the first ``len(shared)`` loops are
         another group's axes (kept with their names), the others get fresh names."""
-        block = self.sch.get_sblock(name)
-        loops = self.sch.get_loops(block)
+        block = prim.get_sblock(self.sch, name)
+        loops = prim.get_loops(self.sch, block)
         stmts = [stmt(self.sch, loop) for loop in loops]
         shared = shared or []
         kinds = _loop_kinds(stmt(self.sch, block), stmts)
@@ -115,7 +116,7 @@ class ScheduleBuilder:
     def rfactor(self, name: str, axis: str, factor_axis: int = 0) -> str:
         """Partial reductions over ``axis`` (the returned ``*_rf`` group); ``name`` then
         reduces them."""
-        rf = self.sch.rfactor(self.impl(name).loops[axis], factor_axis=factor_axis)
+        rf = prim.rfactor(self.sch, self.impl(name).loops[axis], factor_axis=factor_axis)
         rf_name = stmt(self.sch, rf).name_hint
         self.groups[rf_name] = ScheduleGroup(rf_name, self._fresh_impl(rf_name), "partial reduction")
         self.groups[name].impl = self._fresh_impl(name)
@@ -123,17 +124,17 @@ class ScheduleBuilder:
 
     def compute_at(self, name: str, target: str, axis: str) -> None:
         """Compute ``name`` (a producer) inside ``target``'s loop ``axis``."""
-        self.sch.compute_at(self.sch.get_sblock(name), self.impl(target).loops[axis])
+        prim.compute_at(self.sch, prim.get_sblock(self.sch, name), self.impl(target).loops[axis])
         self._rebind_under(name, target, axis)
 
     def reverse_compute_at(self, name: str, target: str, axis: str) -> None:
         """Compute ``name`` (a consumer) inside ``target``'s loop ``axis``."""
-        self.sch.reverse_compute_at(self.sch.get_sblock(name), self.impl(target).loops[axis])
+        prim.reverse_compute_at(self.sch, prim.get_sblock(self.sch, name), self.impl(target).loops[axis])
         self._rebind_under(name, target, axis)
 
     def cache_write(self, name: str) -> str:
         """Accumulate ``name`` in a local buffer; the returned group copies it out."""
-        cache = self.sch.cache_write(self.sch.get_sblock(name), 0, "global")
+        cache = prim.cache_write(self.sch, prim.get_sblock(self.sch, name), 0, "global")
         copy_out = stmt(self.sch, cache).name_hint  # the new block that copies the tile out
         for n in self.block_names():
             if n not in self.groups:
@@ -147,23 +148,23 @@ class ScheduleBuilder:
         loops, unrolled: hundreds of vector stores from one base address, on which LLVM's code
         generation spent 0.2 s (the transformer layer's output projection, Zen 4) for a memset."""
         depth = self.impl(name).index(axis)
-        init = self.sch.decompose_reduction(self.sch.get_sblock(name), self.impl(name).loops[axis])
+        init = prim.decompose_reduction(self.sch, prim.get_sblock(self.sch, name), self.impl(name).loops[axis])
         if flat_init:
             self._flatten(init, depth, flat_init)
 
     def _flatten(self, block: s_tir.SBlockRV, depth: int, lanes: int) -> None:
         """Block ``block``'s loops from ``depth`` on, which drive only spatial iterators, as one
         loop in the order of the iterators they drive, split by ``lanes`` and vectorized."""
-        loops = self.sch.get_loops(block)[depth:]
+        loops = prim.get_loops(self.sch, block)[depth:]
         stmts = [stmt(self.sch, loop) for loop in loops]
         values = stmts[-1].body.iter_values
         # each loop at its first iterator; one driving none goes last
         first = [min(d, default=len(values)) for d in _iterators_driven(values, stmts)]
         order = [loop for _, loop in sorted(zip(first, loops), key=lambda p: p[0])]
-        self.sch.reorder(*order)
-        flat = self.sch.fuse(*order)
+        prim.reorder(self.sch, *order)
+        flat = prim.fuse(self.sch, *order)
         if int(stmt(self.sch, flat).extent) % lanes == 0:
-            self.sch.vectorize(self.sch.split(flat, [None, lanes])[1])
+            prim.vectorize(self.sch, prim.split(self.sch, flat, [None, lanes])[1])
 
     def write_into_output(self, name: str) -> bool:
         """Let block ``name`` write its full-size result into the kernel's output, which the
@@ -177,7 +178,7 @@ class ScheduleBuilder:
         if name == names[-1] or len(block.writes) != 1 or len(last.writes) != 1:
             return False
         tmp, out = block.writes[0].source, last.writes[0].source
-        root = stmt(self.sch, self.sch.get_sblock("root"))
+        root = stmt(self.sch, prim.get_sblock(self.sch, "root"))
         if not any(b.same_as(tmp) for b in root.alloc_buffers) or \
                 not any(p.same_as(out) for p in self.sch.mod["main"].params):
             return False

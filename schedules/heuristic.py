@@ -16,6 +16,7 @@ from schedules.analysis import BlockInfo, block_infos, stmt
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
+from schedules.primitives import prim
 from tvm_ext.machine import Machine
 
 
@@ -97,7 +98,7 @@ def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:
     though IEEE gives inf or NaN, while reading the zero from its buffer compiles."""
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     params = list(func.params)
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
+    for block in prim.get_child_blocks(sch, prim.get_sblock(sch, "root")):
         writes_output = any(w.source.same_as(p) for w in stmt(sch, block).writes for p in params)
         inlines = ("reverse_compute_inline",) if writes_output else ("compute_inline", "reverse_compute_inline")
         for inline in inlines:

@@ -20,6 +20,7 @@ from tvm import s_tir
 from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, input_stages, row_vector, stmt, vector_factor
 from schedules.axes import ImplGraph
 from schedules.builder import ScheduleBuilder
+from schedules.primitives import prim
 from tvm_ext.machine import Machine
 
 
@@ -559,7 +560,7 @@ class RegisterTiledAnchor(Policy):
         (interleaved, 4.0-4.4%); conv-bn-relu 1-3%; both built for znver3, within +-0.5%."""
         moved = []
         shared = builder.impl(name).index(blocked) + 1  # the stage's loops from here on are its own
-        for stage in input_stages(builder.sch, builder.sch.get_sblock(name), set(builder.block_names())):
+        for stage in input_stages(builder.sch, prim.get_sblock(builder.sch, name), set(builder.block_names())):
             total = math.prod(int(iv.dom.extent) for iv in builder.block(stage).iter_vars)
             trial = builder.copy()
             trial.compute_at(stage, name, blocked)
@@ -577,7 +578,7 @@ class RegisterTiledAnchor(Policy):
 
     @staticmethod
     def _epilogue(builder: ScheduleBuilder, name: str) -> str | None:
-        consumers = builder.sch.get_consumers(builder.sch.get_sblock(name))
+        consumers = prim.get_consumers(builder.sch, prim.get_sblock(builder.sch, name))
         if len(consumers) != 1:
             return None
         epi = stmt(builder.sch, consumers[0])

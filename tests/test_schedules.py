@@ -477,6 +477,21 @@ def test_register_tile_k_chunk_is_the_longest_whose_b_panel_takes_a_32nd_of_l2(l
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
 
 
+def test_prim_calls_the_schedules_primitives_without_the_python_type_check():
+    from tvm import s_tir
+
+    from schedules.primitives import prim
+
+    assert prim.split is s_tir.Schedule.split.__wrapped__  # the check is the wrapper
+    func = _pointwise((64, 256))
+    checked, unchecked = s_tir.Schedule(func), s_tir.Schedule(func)
+    for sch, split in ((checked, checked.split), (unchecked, lambda *a: prim.split(unchecked, *a))):
+        split(sch.get_loops(sch.get_sblock("B"))[1], [None, 16])
+    assert tvm_ffi.structural_equal(checked.mod, unchecked.mod)
+    with pytest.raises(TypeError):  # the checked call rejects what the unchecked one would pass on
+        checked.split("not a loop", [None, 16])
+
+
 def test_policies_are_listed():
     assert {p.name for p in POLICIES} == {"persistent_rows", "register_tile", "row_per_core", "split_reduction",
                                           "read_tile", "transpose_tile", "keep_2d", "merge_all", "parallel_only"}
