@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from relay_passes.simplify import bound_constant, constant_data, rewrite_functions
+from relay_passes.simplify import bound_constant, constant_data, new_constant_data, rewrite_functions
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="PackMatmulWeights")
@@ -55,8 +55,7 @@ class _Packer(PyExprMutator):
             return call
         weight = next((view for const, view in self.packed if const.same_as(w)), None)
         if weight is None:
-            packed = tvm.runtime.empty((n // self.panel, k, self.panel), "float32")
-            np.from_dlpack(packed)[...] = data.reshape(k, n // self.panel, self.panel).transpose(1, 0, 2)
+            packed = new_constant_data(data.reshape(k, n // self.panel, self.panel).transpose(1, 0, 2))
             panels = self.builder_.emit(relax.op.permute_dims(relax.const(packed), [1, 0, 2]), "weight_panels")
             weight = self.builder_.emit(relax.op.reshape(panels, (k, n)), "weight")
             self.packed.append((w, weight))

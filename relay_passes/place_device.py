@@ -23,7 +23,6 @@ cannot do so across devices: that is rejected, naming both nodes. Every decision
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from tvm.relax import VDevice
 from tvm_ext import attrs
 from tvm_ext.errors import CompileError, InputError, PlacementError
 from tvm_ext.registry import OPS, OpRegistry
+from tvm_ext.report import tensor_type_bytes
 from tvm_ext.target import cpu_target, resolve_target
 
 #: Device kinds: the DLPack device kind TVM's runtime calls them by, and the target kind.
@@ -322,7 +322,7 @@ class PlaceDevice:
                     copies[key] = bb.emit(relax.op.to_vdevice(new, self._vdevice(here)),
                                           name_hint=f"{new.name}_to_{here.kind}{here.index}")
                     placed[copies[key]] = here
-                    self.copies.append(Copy(new.name, src.name, here.name, _nbytes(new.ty)))
+                    self.copies.append(Copy(new.name, src.name, here.name, tensor_type_bytes(new.ty)))
                 return copies[key]
             if isinstance(e, relax.Tuple):
                 return relax.Tuple([visit(f) for f in e.fields])
@@ -378,15 +378,6 @@ def _kept_attrs(func: relax.Function) -> dict:
     if func.attrs is None:
         return {}
     return {str(k): v for k, v in func.attrs.items() if str(k) not in (attrs.CTX_GROUP, attrs.GRAD_OF)}
-
-
-def _nbytes(ty) -> int | None:
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values]
-    if None in dims:
-        return None
-    return math.prod(dims) * tvm.DataType(str(ty.dtype)).bits // 8
 
 
 __all__ = ["Copy", "Device", "PlaceDevice", "Placement", "PlacementError", "parse_device"]

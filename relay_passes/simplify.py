@@ -31,6 +31,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tvm_ext.registry import OPS, OpRegistry
+from tvm_ext.report import tensor_type_bytes
 
 
 def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
@@ -162,19 +163,12 @@ class EliminateCommonSubexprAroundWeights:
 
 def _hold(const: tvm.ir.GenericConst, params: dict) -> relax.Expr:
     """The parameter that stands for ``const`` (one per constant object) if it is large."""
-    value = const.value
-    if not hasattr(value, "shape") or _nbytes(value) < HELD_BYTES:
+    nbytes = tensor_type_bytes(const.ty)
+    if nbytes is None or nbytes < HELD_BYTES:
         return const
     if const not in params:
         params[const] = relax.Var(f"held{len(params)}", const.ty)
     return params[const]
-
-
-def _nbytes(tensor) -> int:
-    count = 1
-    for d in tensor.shape:
-        count *= int(d)
-    return count * tvm.DataType(str(tensor.dtype)).bits // 8
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="FoldTupleGetItem")

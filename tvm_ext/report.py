@@ -148,6 +148,16 @@ def buffer_bytes(buf: object) -> int | None:
     return math.prod(dims) * dtype.bits * dtype.lanes // 8
 
 
+def tensor_type_bytes(ty: object) -> int | None:
+    """The bytes a Relax tensor of type ``ty`` holds; None for a symbolic shape or another type."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in ty.shape.values]
+    if None in dims:
+        return None
+    return math.prod(dims) * tvm.DataType(str(ty.dtype)).bits // 8
+
+
 def kernels_of(mod: tvm.IRModule, entry: str = "main") -> tuple[list[KernelInfo], list[str]]:
     """The kernels ``entry`` calls (``call_tir``) in order, and the reshapes it runs as views."""
     kernels: list[KernelInfo] = []
