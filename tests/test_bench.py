@@ -99,3 +99,34 @@ def test_each_timed_compile_starts_right_after_a_full_collection(monkeypatch):
         for i, e in enumerate(events):
             if e == label:
                 assert events[i - 1] == "collected", events
+
+
+def test_each_models_torch_compile_first_call_starts_from_empty_caches(monkeypatch):
+    """torch.compile's first call, which compiles, runs inside Inductor's ``fresh_cache`` (a new
+    cache directory, in-memory caches cleared): in one shared cache softmax_by_hand's first call
+    reused softmax's kernel. Its later, timed calls run outside."""
+    import contextlib
+
+    import torch
+    import torch._inductor.utils as inductor_utils
+    sys.path.insert(0, str(BENCH.parent))
+    import run
+    from models import workloads
+
+    events = []
+
+    @contextlib.contextmanager
+    def fresh_cache():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    def fake_compile(module, backend=None):
+        return lambda x: (events.append("call"), module(x))[1]
+    monkeypatch.setattr(inductor_utils, "fresh_cache", fresh_cache)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(run, "interleaved_medians", lambda timers, *a, **k: (
+        timers["compile"](), {n: (1.0, 1.0, 1.0) if n.startswith("ours") else 1.0 for n in timers})[1])
+    row = run.bench_one("softmax", workloads(quick=True)["softmax"], 1, ["autofuse"], with_compile=True)
+    assert events[:3] == ["enter", "call", "exit"] and events[3:] and set(events[3:]) == {"call"}, events
+    assert row["torch_compile_build_s"] > 0
