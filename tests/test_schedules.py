@@ -722,8 +722,58 @@ def test_the_host_machine_takes_its_caches_and_model_from_the_os():
         assert (host.l1_bytes, host.l2_bytes, host.l3_bytes) == (caches.l1d, caches.l2, caches.l3)
         assert 8 << 10 <= host.l1_bytes < host.l2_bytes <= host.l3_bytes
     assert host.cpu == host_cpu.host_cpu_name()
-    other = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64" if is_host(tvm_ext.host_target()) else "znver3"})
+    assert is_host(tvm_ext.host_target())
+    other = tvm.target.Target({"kind": "llvm", "mcpu": _another_mcpu()})
     assert not is_host(other) and Machine.for_target(other).cpu == ""  # another CPU: defaults, no name
+
+
+def _another_mcpu() -> str:
+    """An x86-64 CPU other than the one host targets build for."""
+    from tvm_ext.machine import host_mcpu
+    return "znver3" if host_mcpu() == "x86-64" else "x86-64"
+
+
+_V3 = {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma",
+       "abm", "movbe", "xsave"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@pytest.mark.parametrize("named, flags, want", [
+    ("generic", _V4, "x86-64-v4"),  # a CPU this LLVM does not know, with AVX-512: the level
+    ("x86-64", _V3, "x86-64-v3"),  # a hypervisor's generic model over an AVX2 CPU
+    ("haswell", _V4, "x86-64-v4"),  # a name with narrower vectors than the flags
+    ("znver4", _V4, "znver4"),  # the name has the flags' width: it stays (its scheduling model)
+    ("znver3", _V3, "znver3"),
+    ("x86-64", _V3 - {"fma"}, "x86-64"),  # short of v3; v2 has no wider vectors than x86-64
+    ("x86-64", frozenset(), "x86-64"),  # the OS says nothing
+])
+def test_the_host_cpu_is_the_x86_64_level_of_its_flags_where_llvm_names_narrower_vectors(named, flags, want):
+    from tvm_ext.machine import level_for
+    assert level_for(named, frozenset(flags)) == want
+
+
+def test_the_detected_host_cpu_uses_every_vector_width_the_os_reports():
+    from tvm_ext.host_cpu import host_cpu_flags
+    from tvm_ext.machine import detected_host_mcpu, vector_bytes
+    flags = host_cpu_flags()
+    width = vector_bytes(tvm.target.Target({"kind": "llvm", "mcpu": detected_host_mcpu()}))
+    if flags:  # Linux: /proc/cpuinfo lists the flags
+        assert width >= (64 if _V4 <= flags else 32 if _V3 <= flags else 16)
+
+
+def test_tvm_ext_host_mcpu_names_the_cpu_host_targets_build_for(monkeypatch):
+    from tvm_ext.machine import HOST_MCPU_VARIABLE, is_host
+    monkeypatch.setenv(HOST_MCPU_VARIABLE, "znver3")
+    target = tvm_ext.host_target()
+    assert str(target.attrs["mcpu"]) == "znver3" and is_host(target)
+    assert Machine.for_target(target).vector_bytes == 32 and Machine.for_target(target).cpu  # the host's caches
+    x = np.linspace(-3, 3, 64, dtype="float32").reshape(8, 8)
+    compiled = tvm_ext.compile(build_module(lambda a: relax.op.nn.relu(a), [((8, 8), "float32")]))
+    assert '"mcpu":"znver3"' in compiled.target.replace(" ", "")
+    np.testing.assert_array_equal(compiled(x), np.maximum(x, 0))
+    monkeypatch.setenv(HOST_MCPU_VARIABLE, "bogus")
+    with pytest.raises(ValueError, match=f"{HOST_MCPU_VARIABLE}='bogus' is not a CPU LLVM knows"):
+        tvm_ext.host_target()
 
 
 def test_each_policy_declares_its_knobs_once_and_the_features_read_the_declaration():

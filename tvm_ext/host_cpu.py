@@ -47,9 +47,8 @@ def host_caches() -> Caches | None:
 
 
 @functools.lru_cache(maxsize=1)
-def host_cpu_name() -> str:
-    """The host CPU's model, e.g. "AMD EPYC (family 26, model 2)": a hypervisor may shorten the
-    model name, so the family and model numbers are added; "" where the OS does not say."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo; empty where the OS does not say."""
     fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -60,11 +59,24 @@ def host_cpu_name() -> str:
                 continue
             fields.setdefault(key.strip(), value.strip())
     except OSError:
-        return ""
+        return {}
+    return fields
+
+
+def host_cpu_name() -> str:
+    """The host CPU's model, e.g. "AMD EPYC (family 26, model 2)": a hypervisor may shorten the
+    model name, so the family and model numbers are added; "" where the OS does not say."""
+    fields = _cpuinfo()
     name = fields.get("model name", "")
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"
     return name.strip()
 
 
-__all__ = ["Caches", "host_caches", "host_cpu_name"]
+def host_cpu_flags() -> frozenset[str]:
+    """The instruction-set flags the OS reports for the host CPU (``avx2``, ``avx512f``, ...);
+    empty where it does not say."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+__all__ = ["Caches", "host_caches", "host_cpu_flags", "host_cpu_name"]

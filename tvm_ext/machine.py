@@ -5,12 +5,22 @@ Schedules size tiles and choose parallel splits against a ``Machine``; the targe
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
 import tvm
 
-from tvm_ext.host_cpu import host_caches, host_cpu_name
+from tvm_ext.host_cpu import host_caches, host_cpu_flags, host_cpu_name
+
+#: names the CPU that host targets build for, in place of the one detected (``host_mcpu``)
+HOST_MCPU_VARIABLE = "TVM_EXT_HOST_MCPU"
+
+# the x86-64 levels (psABI), each with the /proc/cpuinfo flags it needs beyond the one before
+# (``abm`` is how Linux names LZCNT)
+_LEVELS = (("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
+           ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}),
+           ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}))
 
 
 @dataclass(frozen=True)
@@ -50,10 +60,50 @@ class Machine:
         return 32 if self.vector_bytes >= 64 else 16
 
 
+def host_mcpu() -> str:
+    """LLVM's name for the CPU that host targets build for: ``TVM_EXT_HOST_MCPU`` where set (to
+    build and run as on another CPU whose instructions this one has, e.g. ``znver3`` for AVX2),
+    else the one detected (``detected_host_mcpu``)."""
+    forced = os.environ.get(HOST_MCPU_VARIABLE, "").strip()
+    if not forced:
+        return detected_host_mcpu()
+    if not tvm.target.codegen.llvm_is_valid_cpu(forced, tvm.target.codegen.llvm_get_system_triple()):
+        raise ValueError(f"{HOST_MCPU_VARIABLE}={forced!r} is not a CPU LLVM knows: use one of LLVM's names "
+                         "for x86-64 CPUs (znver3, skylake-avx512, x86-64-v3, x86-64) or unset it")
+    return forced
+
+
+@functools.lru_cache(maxsize=1)
+def detected_host_mcpu() -> str:
+    """LLVM's name for this CPU, unless the OS reports vector instructions that name lacks (a
+    CPU newer than this LLVM, or a hypervisor that shows a generic model): then the x86-64
+    level its flags reach (``x86-64-v3``: AVX2 and FMA; ``x86-64-v4``: AVX-512), so that the
+    kernels still use the whole vector width."""
+    named = tvm.target.codegen.llvm_get_system_cpu()
+    return level_for(named, host_cpu_flags())
+
+
+def level_for(named: str, flags: frozenset[str]) -> str:
+    """``named``, or the highest x86-64 level that ``flags`` (the OS's, as in /proc/cpuinfo)
+    reach where that level has wider vectors than ``named``."""
+    level, need = "", set()
+    for name, more in _LEVELS:
+        need |= more
+        if not need <= flags:
+            break
+        level = name
+    if level and vector_bytes(_llvm(level)) > vector_bytes(_llvm(named)):
+        return level
+    return named
+
+
+def _llvm(mcpu: str) -> tvm.target.Target:
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+
+
 def is_host(target: tvm.target.Target) -> bool:
-    """Whether ``target`` is an LLVM target for exactly this host's CPU."""
-    return target.kind.name == "llvm" and str(target.attrs.get("mcpu", "")) == \
-        tvm.target.codegen.llvm_get_system_cpu()
+    """Whether ``target`` is an LLVM target for exactly the CPU host targets build for."""
+    return target.kind.name == "llvm" and str(target.attrs.get("mcpu", "")) == host_mcpu()
 
 
 def _has(feature: str, target: tvm.target.Target) -> bool:

@@ -5,12 +5,13 @@ import os
 
 import tvm
 
-from tvm_ext.machine import has_avx512
+from tvm_ext.machine import has_avx512, host_mcpu
 
 
 def host_target(cores: int | None = None) -> tvm.target.Target:
-    """LLVM for the host CPU (its exact mcpu, so AVX-512 is used where present)."""
-    return cpu_target(tvm.target.codegen.llvm_get_system_cpu(), cores)
+    """LLVM for the host CPU (its exact mcpu, so AVX-512 is used where present; see
+    ``machine.host_mcpu``)."""
+    return cpu_target(host_mcpu(), cores)
 
 
 def cpu_target(mcpu: str, cores: int | None = None) -> tvm.target.Target:
