@@ -2,6 +2,8 @@
 unscheduled kernel on awkward shapes, and the heuristic's choices."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -618,9 +620,14 @@ def test_small_kernels_stay_serial():
     assert "T.parallel" not in schedule_kernel(_pointwise((4, 16)), MACHINE).script()
 
 
+def _parallel_host() -> tvm.target.Target:
+    """The host, with at least two cores: a one-core machine's kernels have no parallel loop."""
+    return tvm_ext.host_target(cores=max(2, len(os.sched_getaffinity(0))))
+
+
 def test_normalizations_run_row_by_row_in_one_loop_nest():
     mod = build_module(lambda a: R.nn.softmax(a, axis=-1), [((64, 512), "float32")])
-    compiled = tvm_ext.compile(mod)
+    compiled = tvm_ext.compile(mod, target=_parallel_host())
     (kernel,) = compiled.report().kernels
     assert {p.split(":")[1] for p in kernel.schedule.split(", ")} == {"persistent_rows"}
     assert compiled.lowered_module.script().count("T.parallel") == 1  # one row loop holds every stage
@@ -662,7 +669,7 @@ def test_schedule_is_recorded_in_the_report():
 @pytest.mark.parametrize("m,k,n", [(100, 64, 64), (130, 96, 64), (66, 128, 96)])
 def test_parallel_anchor_with_uneven_block_split_is_race_free(m, k, n):
     mod = build_module(lambda a, b: R.matmul(a, b), [((m, k), "float32"), ((k, n), "float32")])
-    compiled = tvm_ext.compile(mod)
+    compiled = tvm_ext.compile(mod, target=_parallel_host())
     assert "register_tile" in compiled.report().kernels[0].schedule
     assert "T.parallel" in compiled.lowered_module.script()
     x = np.random.default_rng(0).standard_normal((m, k)).astype("float32")
