@@ -478,8 +478,14 @@ class RegisterTiledAnchor(Policy):
         cores = self.machine.cores if info.size >= self.machine.parallel_min_elems else 1
         if par is not None and impl[par].size >= cores:
             block_axis = par
+        elif i_axis is not None and impl[i_axis].size >= cores * knobs["tile_i"]:
+            block_axis = i_axis
+        elif par is None and i_axis is not None and impl[i_axis].size >= 2 * knobs["tile_i"]:
+            # fewer row tiles than cores: a tile a core, the other cores idle (before, none was
+            # split: a 66 x 128 x 96 matmul built for 16 cores ran on one)
+            block_axis = i_axis
         else:
-            block_axis = i_axis if i_axis is not None and impl[i_axis].size >= cores * knobs["tile_i"] else par
+            block_axis = par
         outer, blocked = ([par] if par is not None else []), None
         if block_axis is not None and cores > 1:
             size = impl[block_axis].size

@@ -678,6 +678,20 @@ def test_parallel_anchor_with_uneven_block_split_is_race_free(m, k, n):
         np.testing.assert_allclose(compiled(x, y), x @ y, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("cores, blocks", [(16, 11), (64, 11), (4, 4)])
+def test_an_anchor_with_fewer_row_tiles_than_cores_gives_each_tile_a_core(cores, blocks):
+    """66 x 128 x 96: 66 rows in register tiles of 6 (at every vector width) make 11 row tiles.
+    Built for 16 or 64 cores, each tile is a block of the parallel loop (before, a matmul with
+    fewer than cores x 6 rows and no batch axis got no parallel loop); for 4 cores, blocks of
+    ceil(66 / 4) = 17 rows rounded up to 18, so 4 blocks."""
+    mod = build_module(lambda a, b: R.matmul(a, b), [((66, 128), "float32"), ((128, 96), "float32")])
+    compiled = tvm_ext.compile(mod, target=tvm_ext.host_target(cores=cores))
+    assert f"T.parallel({blocks})" in compiled.lowered_module.script()
+    x = np.random.default_rng(0).standard_normal((66, 128)).astype("float32")
+    y = np.random.default_rng(1).standard_normal((128, 96)).astype("float32")
+    np.testing.assert_allclose(compiled(x, y), x @ y, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("vector_bytes", [64, 32, 16])
 def test_a_last_axis_without_a_full_vector_merges_when_every_read_is_at_the_block_index(vector_bytes):
     machine = Machine(cores=2, vector_bytes=vector_bytes)

@@ -71,8 +71,10 @@ def test_a_vector_loop_across_rows_of_30_loads_and_stores_whole_vectors(mcpu):
     """x * 2 + 1 on (4, 48, 30, 30): the heuristic merges all axes and vectorizes lanes that
     cross rows of 30. Built by our pipeline, the kernel has packed arithmetic at the machine's
     width and no per-lane insert, extract or gather; without RejoinMergedIndices it has them
-    (each load and store one lane at a time: 109 us against numpy's 22 us on an AVX-512 Xeon)."""
-    target = host_target() if mcpu == "host" else cpu_target(mcpu, cores=2)
+    (each load and store one lane at a time: 109 us against numpy's 22 us on an AVX-512 Xeon).
+    Two cores for every target: the per-core chunk decides where the lanes cross rows (built for
+    16 cores, the chunk's arithmetic vectorizes even without the pass)."""
+    target = host_target(cores=2) if mcpu == "host" else cpu_target(mcpu, cores=2)
     machine = Machine.for_target(target)
     x = te.placeholder((4, 48, 30, 30), "float32", name="x")
     y = te.compute(x.shape, lambda *i: x(*i) * 2.0 + 1.0, name="y")
@@ -146,8 +148,8 @@ def test_a_kernel_bound_to_a_gpu_target_keeps_the_gpu_only_passes():
 @pytest.mark.parametrize("mcpu", ["host", "x86-64"])
 def test_leaving_out_the_gpu_only_passes_changes_no_cpu_kernel(mcpu):
     """The erf kernel and the merged-axes kernel (whose indices are split patterns) lower to the
-    same TIR with and without the GPU-only passes."""
-    target = host_target() if mcpu == "host" else cpu_target(mcpu, cores=2)
+    same TIR with and without the GPU-only passes, built for two cores (for 16, see below)."""
+    target = host_target(cores=2) if mcpu == "host" else cpu_target(mcpu, cores=2)
     x = te.placeholder((4, 48, 30, 30), "float32", name="x")
     merged = schedule_kernel(te.create_prim_func([x, te.compute(x.shape, lambda *i: x(*i) * 2.0, name="y")]),
                              Machine.for_target(target)).func
@@ -160,6 +162,31 @@ def test_leaving_out_the_gpu_only_passes_changes_no_cpu_kernel(mcpu):
             with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
                 lowered.append(tvm.transform.Sequential(passes[:upto])(mod))
         assert tvm_ffi.structural_equal(lowered[0], lowered[1])
+
+
+def test_renormalize_split_pattern_only_adds_a_division_to_a_cpu_kernel_it_changes():
+    """Built for 16 cores, x * 2 on (4, 48, 30, 30) has the guard a * 338 + b < 5400 (16 blocks
+    of 338 vectors of 32). RenormalizeSplitPattern, left out on CPUs, divides it by 2:
+    a * 169 + b // 2 < 2700, the same condition with a division more. The kernel our pipeline
+    builds without it computes x * 2."""
+    target = host_target(cores=16)
+    x = te.placeholder((4, 48, 30, 30), "float32", name="x")
+    func = schedule_kernel(te.create_prim_func([x, te.compute(x.shape, lambda *i: x(*i) * 2.0, name="y")]),
+                           Machine.for_target(target)).func
+    mod = tvm.IRModule({"k": func.with_attr("target", target).with_attr("global_symbol", "k")})
+    scripts = []
+    for cpu_only in (False, True):
+        passes = lowering_passes({}, cpu_only)
+        upto = [p.info.name for p in passes].index("tirx.MakePackedAPI")
+        with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
+            scripts.append(tvm.transform.Sequential(passes[:upto])(mod).script())
+    assert "i0_i1_i2_i3_fused_0_0 * 169 + i0_i1_i2_i3_fused_0_1 // 2 < 2700" in scripts[0]
+    assert "i0_i1_i2_i3_fused_0_0 * 338 + i0_i1_i2_i3_fused_0_1 < 5400" in scripts[1]
+    v = np.random.default_rng(0).standard_normal((4, 48, 30, 30), dtype="float32")
+    out = tvm.runtime.empty(v.shape, "float32")
+    tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=TIR_PIPELINE)["main"](
+        tvm.runtime.tensor(v), out)
+    np.testing.assert_array_equal(out.numpy(), v * 2)
 
 
 def _two_stage(elements: int) -> tirx.PrimFunc:
