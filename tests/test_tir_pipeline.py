@@ -150,18 +150,29 @@ def test_leaving_out_the_gpu_only_passes_changes_no_cpu_kernel(mcpu):
     """The erf kernel and the merged-axes kernel (whose indices are split patterns) lower to the
     same TIR with and without the GPU-only passes, built for two cores (for 16, see below)."""
     target = host_target(cores=2) if mcpu == "host" else cpu_target(mcpu, cores=2)
+    for func in (_erf_kernel(), _doubled(target)):
+        with_gpu_passes, without = _lowered_with_and_without_gpu_passes(func, target)
+        assert tvm_ffi.structural_equal(with_gpu_passes, without)
+
+
+def _doubled(target: tvm.target.Target) -> tirx.PrimFunc:
+    """x * 2 on (4, 48, 30, 30), scheduled for ``target``: its axes merged, so its indices are
+    split patterns."""
     x = te.placeholder((4, 48, 30, 30), "float32", name="x")
-    merged = schedule_kernel(te.create_prim_func([x, te.compute(x.shape, lambda *i: x(*i) * 2.0, name="y")]),
-                             Machine.for_target(target)).func
-    for func in (_erf_kernel(), merged):
-        mod = tvm.IRModule({"k": func.with_attr("target", target).with_attr("global_symbol", "k")})
-        lowered = []
-        for cpu_only in (False, True):
-            passes = lowering_passes({}, cpu_only)
-            upto = [p.info.name for p in passes].index("tirx.MakePackedAPI")
-            with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
-                lowered.append(tvm.transform.Sequential(passes[:upto])(mod))
-        assert tvm_ffi.structural_equal(lowered[0], lowered[1])
+    return schedule_kernel(te.create_prim_func([x, te.compute(x.shape, lambda *i: x(*i) * 2.0, name="y")]),
+                           Machine.for_target(target)).func
+
+
+def _lowered_with_and_without_gpu_passes(func: tirx.PrimFunc, target: tvm.target.Target) -> list[tvm.IRModule]:
+    """``func`` through our TIR passes up to MakePackedAPI, with the GPU-only ones, then without."""
+    mod = tvm.IRModule({"k": func.with_attr("target", target).with_attr("global_symbol", "k")})
+    lowered = []
+    for cpu_only in (False, True):
+        passes = lowering_passes({}, cpu_only)
+        upto = [p.info.name for p in passes].index("tirx.MakePackedAPI")
+        with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
+            lowered.append(tvm.transform.Sequential(passes[:upto])(mod))
+    return lowered
 
 
 def test_renormalize_split_pattern_only_adds_a_division_to_a_cpu_kernel_it_changes():
@@ -170,16 +181,8 @@ def test_renormalize_split_pattern_only_adds_a_division_to_a_cpu_kernel_it_chang
     a * 169 + b // 2 < 2700, the same condition with a division more. The kernel our pipeline
     builds without it computes x * 2."""
     target = host_target(cores=16)
-    x = te.placeholder((4, 48, 30, 30), "float32", name="x")
-    func = schedule_kernel(te.create_prim_func([x, te.compute(x.shape, lambda *i: x(*i) * 2.0, name="y")]),
-                           Machine.for_target(target)).func
-    mod = tvm.IRModule({"k": func.with_attr("target", target).with_attr("global_symbol", "k")})
-    scripts = []
-    for cpu_only in (False, True):
-        passes = lowering_passes({}, cpu_only)
-        upto = [p.info.name for p in passes].index("tirx.MakePackedAPI")
-        with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
-            scripts.append(tvm.transform.Sequential(passes[:upto])(mod).script())
+    func = _doubled(target)
+    scripts = [m.script() for m in _lowered_with_and_without_gpu_passes(func, target)]
     assert "i0_i1_i2_i3_fused_0_0 * 169 + i0_i1_i2_i3_fused_0_1 // 2 < 2700" in scripts[0]
     assert "i0_i1_i2_i3_fused_0_0 * 338 + i0_i1_i2_i3_fused_0_1 < 5400" in scripts[1]
     v = np.random.default_rng(0).standard_normal((4, 48, 30, 30), dtype="float32")
