@@ -21,6 +21,11 @@ def stmt(sch: s_tir.Schedule, rv) -> tirx.Stmt:
     return prim.get(sch, rv)
 
 
+def root_blocks(sch: s_tir.Schedule) -> list[s_tir.SBlockRV]:
+    """The blocks directly under the kernel's root block, in order."""
+    return list(prim.get_child_blocks(sch, prim.get_sblock(sch, "root")))
+
+
 def master_is_anchor(func: tirx.PrimFunc) -> bool:
     """Whether the kernel's epilogue runs on its master's output tiles (FuseCompile's
     ``tvm_ext.tiled_epilogue``; TVM's own kernels: yes); a master re-pointed to an elementwise
@@ -79,7 +84,7 @@ def _uniform(block, ivars) -> bool:
 
 def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
     out = []
-    roots = prim.get_child_blocks(sch, prim.get_sblock(sch, "root"))
+    roots = root_blocks(sch)
     at_root = {stmt(sch, rv).name_hint for rv in roots}
     for rv in roots:
         block = stmt(sch, rv)

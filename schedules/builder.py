@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import REDUCE, stmt
+from schedules.analysis import REDUCE, root_blocks, stmt
 from schedules.axes import Axis, AxisType, ImplGraph
 from schedules.primitives import prim
 
@@ -86,7 +86,7 @@ class ScheduleBuilder:
 
     # ------------------------------------------------------------------ blocks
     def block_names(self) -> list[str]:
-        return [stmt(self.sch, b).name_hint for b in prim.get_child_blocks(self.sch, prim.get_sblock(self.sch, "root"))]
+        return [stmt(self.sch, b).name_hint for b in root_blocks(self.sch)]
 
     def block(self, name: str):
         return stmt(self.sch, prim.get_sblock(self.sch, name))

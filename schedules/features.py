@@ -20,10 +20,9 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
-from schedules.analysis import arithmetic_ops, block_infos, stmt
+from schedules.analysis import arithmetic_ops, block_infos, root_blocks, stmt
 from schedules.builder import ScheduleResult
 from schedules.policies import POLICIES
-from schedules.primitives import prim
 from tvm_ext.machine import Machine
 
 _POLICY_NAMES = [p.name for p in POLICIES]
@@ -55,7 +54,7 @@ def candidate_features(result: ScheduleResult, machine: Machine) -> np.ndarray:
     nbytes = _buffer_bytes(sch)
     dtype_bytes = max(1, max((i.dtype_bits for i in infos), default=32) // 8)
     anchor_work = sum(work[i.name] for i in infos if i.kind == "anchor")
-    blocks = (stmt(sch, rv) for rv in prim.get_child_blocks(sch, prim.get_sblock(sch, "root")))
+    blocks = (stmt(sch, rv) for rv in root_blocks(sch))
     ops = {b.name_hint: arithmetic_ops(b.body) for b in blocks}
 
     par_axes = {id(g.impl[g.impl.parallel]) for g in result.groups if g.impl.parallel}
@@ -191,7 +190,7 @@ def per_store_features(result: ScheduleResult, target: tvm.target.Target) -> np.
 def _buffer_bytes(sch: s_tir.Schedule) -> int:
     """Bytes of the distinct buffers the kernel's blocks read and write."""
     seen = {}
-    for rv in prim.get_child_blocks(sch, prim.get_sblock(sch, "root")):
+    for rv in root_blocks(sch):
         block = stmt(sch, rv)
         for region in list(block.reads) + list(block.writes):
             buf = region.source

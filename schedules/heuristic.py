@@ -12,11 +12,10 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import BlockInfo, block_infos, stmt
+from schedules.analysis import BlockInfo, block_infos, root_blocks, stmt
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
-from schedules.primitives import prim
 from tvm_ext.machine import Machine
 
 
@@ -98,7 +97,7 @@ def inline_intermediates(func: tirx.PrimFunc) -> tirx.PrimFunc:
     though IEEE gives inf or NaN, while reading the zero from its buffer compiles."""
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     params = list(func.params)
-    for block in prim.get_child_blocks(sch, prim.get_sblock(sch, "root")):
+    for block in root_blocks(sch):
         writes_output = any(w.source.same_as(p) for w in stmt(sch, block).writes for p in params)
         inlines = ("reverse_compute_inline",) if writes_output else ("compute_inline", "reverse_compute_inline")
         for inline in inlines:
