@@ -476,16 +476,13 @@ class RegisterTiledAnchor(Policy):
         batch, i_axis = spatial[:-2], (spatial[-2] if len(spatial) >= 2 else None)
         par = impl.merge_all(batch) if batch else None
         cores = self.machine.cores if info.size >= self.machine.parallel_min_elems else 1
+        # without batch axes, i is split from two row tiles on, however many cores (fewer row tiles
+        # than cores: a tile a core; a 66 x 128 x 96 matmul built for 16 cores had run on one)
         if par is not None and impl[par].size >= cores:
             block_axis = par
-        elif i_axis is not None and impl[i_axis].size >= cores * knobs["tile_i"]:
-            block_axis = i_axis
-        elif par is None and i_axis is not None and impl[i_axis].size >= 2 * knobs["tile_i"]:
-            # fewer row tiles than cores: a tile a core, the other cores idle (before, none was
-            # split: a 66 x 128 x 96 matmul built for 16 cores ran on one)
-            block_axis = i_axis
         else:
-            block_axis = par
+            rows = (cores if par is not None else 2) * knobs["tile_i"]
+            block_axis = i_axis if i_axis is not None and impl[i_axis].size >= rows else par
         outer, blocked = ([par] if par is not None else []), None
         if block_axis is not None and cores > 1:
             size = impl[block_axis].size
