@@ -48,6 +48,12 @@ def as_tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
 
+def another_mcpu() -> str:
+    """An x86-64 CPU other than the one host targets build for (LLVM's name)."""
+    from tvm_ext.machine import host_mcpu
+    return "znver3" if host_mcpu() == "x86-64" else "x86-64"
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)

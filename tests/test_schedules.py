@@ -11,7 +11,7 @@ import tvm_ffi
 from tvm import relax, te
 
 import tvm_ext
-from conftest import build_module
+from conftest import another_mcpu, build_module
 from schedules import AxisRuleError, AxisType, ImplGraph, Machine, ScheduleBuilder, block_infos, schedule_kernel
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
@@ -744,14 +744,8 @@ def test_the_host_machine_takes_its_caches_and_model_from_the_os():
         assert 8 << 10 <= host.l1_bytes < host.l2_bytes <= host.l3_bytes
     assert host.cpu == host_cpu.host_cpu_name()
     assert is_host(tvm_ext.host_target())
-    other = tvm.target.Target({"kind": "llvm", "mcpu": _another_mcpu()})
+    other = tvm.target.Target({"kind": "llvm", "mcpu": another_mcpu()})
     assert not is_host(other) and Machine.for_target(other).cpu == ""  # another CPU: defaults, no name
-
-
-def _another_mcpu() -> str:
-    """An x86-64 CPU other than the one host targets build for."""
-    from tvm_ext.machine import host_mcpu
-    return "znver3" if host_mcpu() == "x86-64" else "x86-64"
 
 
 _V3 = {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma",

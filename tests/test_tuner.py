@@ -15,6 +15,7 @@ import tvm_ffi
 from tvm import relax
 
 import tvm_ext
+from conftest import another_mcpu
 from schedules.cost_model import (
     CostModel,
     Sample,
@@ -340,7 +341,7 @@ def test_a_record_from_another_target_is_not_applied(tasks, tmp_path):
     assert tuned(db)
     for i, changes in enumerate([{"cpu": "Another CPU (family 1, model 2)"}, {"vector_bits": here.vector_bits // 2},
                                  {"target": tasks[0].target.replace(f'"mcpu":"{here_mcpu()}"',
-                                                                    f'"mcpu":"{_another_mcpu()}"')}]):
+                                                                    f'"mcpu":"{another_mcpu()}"')}]):
         other = _retarget(db, tmp_path / f"other{i}.jsonl", **changes)
         with pytest.warns(UserWarning, match="are not applied here"):
             assert tuned(other) == [], changes
@@ -355,10 +356,6 @@ def test_a_record_from_another_target_is_not_applied(tasks, tmp_path):
 def here_mcpu() -> str:
     from tvm_ext.machine import host_mcpu
     return host_mcpu()
-
-
-def _another_mcpu() -> str:
-    return "znver3" if here_mcpu() == "x86-64" else "x86-64"
 
 
 def _transfer_from(task, sign: float, n: int = 60) -> list[Sample]:
