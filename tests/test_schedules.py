@@ -16,6 +16,7 @@ from schedules import AxisRuleError, AxisType, ImplGraph, Machine, ScheduleBuild
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, PersistentRows, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
 from schedules.search_space import apply_candidate
+from tvm_ext.target import cpu_target
 
 R = relax.op
 MACHINE = Machine(cores=2, vector_bytes=64)
@@ -951,3 +952,13 @@ def test_the_register_tile_fits_the_machines_vector_registers(mcpu, n, tile, k_u
     assert (choice[1]["tile_i"], choice[1]["tile_j"], choice[1]["k_unroll"]) == (*tile, k_unroll)
     vectors = tile[1] // (machine.vector_bytes // 4)
     assert (tile[0] + 1) * vectors + 1 <= machine.vector_registers
+
+
+@pytest.mark.parametrize("mcpu, units, latency, sums", [("znver4", 1, 4, 64), ("skylake-avx512", 2, 4, 128),
+                                                        ("znver3", 2, 4, 64), ("haswell", 2, 5, 80), ("x86-64", 2, 4, 32)])
+def test_the_machine_knows_its_fma_units_and_the_sums_a_register_tile_needs(mcpu, units, latency, sums):
+    # units x latency x lanes: Zen 4 one 512-bit FMA a cycle (two 256-bit halves) of 4 cycles,
+    # 16 lanes: 64; an AVX-512 Xeon two: 128; Zen 3 two of 8 lanes: 64; Haswell's take 5 cycles
+    machine = Machine.for_target(cpu_target(mcpu))
+    assert (machine.fma_units, machine.fma_latency) == (units, latency)
+    assert machine.tile_accumulators() == sums and machine.tile_accumulators(64) == sums // 2

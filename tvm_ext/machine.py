@@ -1,4 +1,4 @@
-"""The machine facts every layer may read: the target's cores, vector width and caches.
+"""The machine facts every layer may read: the target's cores, vector width, FMA units and caches.
 
 Schedules size tiles and choose parallel splits against a ``Machine``; the target helpers
 (``tvm_ext.target``) ask whether a CPU has AVX-512; tuning records name the machine's CPU.
@@ -22,6 +22,17 @@ _LEVELS = (("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse
            ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}),
            ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}))
 
+# What the OS does not report: how many full-width vector FMAs a core starts each cycle, and
+# after how many cycles one's result is there, by LLVM's name for the CPU (the vendors'
+# optimization manuals). Not listed: two units of four cycles, as in Intel's cores since
+# Skylake (the server ones with two 512-bit units; a Xeon with one is taken for two) and
+# AMD's since Zen 3. Zen 4 runs an AVX-512 FMA through both of its 256-bit units, Intel's
+# client cores with AVX-512 have one 512-bit unit; Zen 1 splits 256 bits in two halves.
+# Sandy and Ivy Bridge have no FMA: a multiply and an add a cycle, the add's three cycles.
+_FMA_UNITS = {"znver1": 1, "znver4": 1, "cannonlake": 1, "icelake-client": 1, "tigerlake": 1, "rocketlake": 1,
+              "sandybridge": 1, "ivybridge": 1}
+_FMA_LATENCY = {"znver1": 5, "znver2": 5, "haswell": 5, "broadwell": 5, "sandybridge": 3, "ivybridge": 3}
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -34,15 +45,20 @@ class Machine:
     l3_bytes: int = 32 << 20
     parallel_min_elems: int = 4096  # below this a parallel launch costs more than it saves
     cpu: str = ""  # the CPU's model where known (the host's): tuning records name it
+    fma_units: int = 2  # full-width vector FMAs a core starts each cycle
+    fma_latency: int = 4  # cycles from an FMA to its result
 
     @classmethod
     def for_target(cls, target: tvm.target.Target) -> "Machine":
         """The machine a target describes: its vector width from LLVM's features for its mcpu
         and mattr (AVX-512: 64 bytes, AVX/AVX2: 32, plain x86-64's SSE2: 16). A target for
         this host's CPU also takes the host's cache sizes and model from the OS; any other
-        keeps the defaults (the host's caches say nothing of another CPU)."""
+        keeps the defaults (the host's caches say nothing of another CPU). The FMA units and
+        latency come from the mcpu's name (``_FMA_UNITS``)."""
         cores = int(target.attrs.get("num-cores", 0) or len(os.sched_getaffinity(0)))
-        machine = cls(cores=cores, vector_bytes=vector_bytes(target))
+        mcpu = str(target.attrs.get("mcpu", ""))
+        machine = cls(cores=cores, vector_bytes=vector_bytes(target), fma_units=_FMA_UNITS.get(mcpu, 2),
+                      fma_latency=_FMA_LATENCY.get(mcpu, 4))
         if is_host(target):
             caches = host_caches()
             machine = replace(machine, cpu=host_cpu_name(),
@@ -53,6 +69,13 @@ class Machine:
     @property
     def vector_bits(self) -> int:
         return self.vector_bytes * 8
+
+    def tile_accumulators(self, bits: int = 32) -> int:
+        """The sums (of ``bits``-bit elements) a register tile must keep in flight for the FMA
+        units never to wait: each unit starts an FMA a cycle whose sum returns ``fma_latency``
+        cycles later, so ``units x latency`` vectors of independent sums (BLIS's rule for its
+        micro-tile, m_r x n_r >= lanes x latency x units). Zen 4: 64 float32, an AVX-512 Xeon 128."""
+        return self.fma_units * self.fma_latency * self.vector_bits // bits
 
     @property
     def vector_registers(self) -> int:
