@@ -141,9 +141,14 @@ class Tuner:
             if candidate_key(heur) not in self._measured(o.task):
                 self._measure(o, [(heur, apply_candidate(o.task.func, o.task.machine, heur, o.task.name))])
             o.heuristic_ms = pooled_ms(self._records(o.task), heur)
-        budgets = self._budgets(outcomes)
-        for i, (o, budget) in enumerate(zip(outcomes, budgets)):
-            self._tune_task(o, budget, f"task {i + 1}/{len(outcomes)}", heuristics[o.task.key])
+        # a task whose space runs out before its share leaves the rest to the tasks after it,
+        # then what is still left goes round once more
+        left = 0
+        for i, (o, budget) in enumerate(zip(outcomes, self._budgets(outcomes))):
+            left += budget - self._tune_task(o, budget + left, f"task {i + 1}/{len(outcomes)}", heuristics[o.task.key])
+        for i, o in enumerate(outcomes):
+            if left > 0:
+                left -= self._tune_task(o, left, f"task {i + 1}/{len(outcomes)}", heuristics[o.task.key])
         for o in outcomes:  # a rerun's best may come from the database
             best = self._best_known(o.task)
             if best is not None and best[1] < o.best_ms:
@@ -184,7 +189,8 @@ class Tuner:
             shares[i] += 1
         return shares
 
-    def _tune_task(self, o: TaskOutcome, budget: int, label: str, heuristic: Candidate) -> None:
+    def _tune_task(self, o: TaskOutcome, budget: int, label: str, heuristic: Candidate) -> int:
+        """Measure up to ``budget`` new candidates of the task; return how many it measured."""
         task, opts = o.task, self.options
         exhaustive = space_bound(task.func, task.machine) <= opts.space_limit
         space = dict(self._entries(enumerate_space(task.func, task.machine, opts.space_limit, heuristic))) \
@@ -217,6 +223,7 @@ class Tuner:
             self._fit(task)
             self.progress(f"[{label} {task.name[:36]}] {spent}/{budget} trials | total {self._spent}/"
                           f"{opts.trials} | best {o.best_ms:.4f} ms ({o.speedup:.2f}x over untuned)")
+        return spent
 
     @staticmethod
     def _entries(pairs: list) -> list[tuple[str, tuple]]:

@@ -156,7 +156,8 @@ def test_a_knob_that_changes_nothing_makes_no_second_candidate():
     assert tvm_ffi.structural_equal(apply_candidate(func, machine, twin).func.body, space[0][1].func.body)
     assert candidate_key(twin) not in keys
     tiles = [c[0][1] for c, _ in space if c[0][0].startswith("register_tile")]
-    assert len(tiles) > 10 and all(knobs["epilogue"] for knobs in tiles)  # each False had a True twin
+    # (4 x 32, 8 x 32, 8 x 16: the tiles of 128 sums or more) x 2 unrolls; each False had a True twin
+    assert len(tiles) == 6 and all(knobs["epilogue"] for knobs in tiles)
     preferring = [candidate_key(c) for c, _ in enumerate_space(func, machine, prefer=twin)]
     assert preferring[0] == candidate_key(twin) and len(preferring) == len(space)
 
@@ -249,6 +250,19 @@ def test_tuning_records_everything_and_failures_do_not_stop_it(tasks, tmp_path):
     for o in summary.outcomes:
         assert o.best_ms <= o.heuristic_ms
     assert "speed-up" in summary.table()
+
+
+def test_trials_a_task_cannot_use_go_to_the_others(tasks, tmp_path):
+    # the matmul's kernel is made the slowest, so its share is most of the budget, but its
+    # space (6 x 6 tiles) holds fewer candidates: the rest goes to the other tasks (before, 40
+    # trials measured 12 candidates)
+    db = TuningDatabase(tmp_path / "db.jsonl")
+    measure = FakeMeasure()
+    measure.time_of = lambda r: 10.0 if "register_tile" in r.policy else 0.1
+    summary = Tuner(tasks, db, measure, TuneOptions(trials=40, batch=4, verify=False), progress=lambda s: None).tune()
+    matmul = next(o for o in summary.outcomes if "matmul" in o.task.name)
+    assert matmul.trials == len(enumerate_space(matmul.task.func, matmul.task.machine)) < 40 // 2
+    assert sum(o.trials for o in summary.outcomes) == len(db.records()) == 40
 
 
 def test_a_killed_run_resumes_without_measuring_twice(tasks, tmp_path):
