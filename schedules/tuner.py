@@ -141,14 +141,20 @@ class Tuner:
             if candidate_key(heur) not in self._measured(o.task):
                 self._measure(o, [(heur, apply_candidate(o.task.func, o.task.machine, heur, o.task.name))])
             o.heuristic_ms = pooled_ms(self._records(o.task), heur)
-        # a task whose space runs out before its share leaves the rest to the tasks after it,
-        # then what is still left goes round once more
-        left = 0
+
+        def label(i: int) -> str:
+            return f"task {i + 1}/{len(outcomes)}"
+
+        # a task whose space runs out before its share leaves the rest to the tasks after it;
+        # what is still left at the end goes to those that used all they were given
+        left, more = 0, []
         for i, (o, budget) in enumerate(zip(outcomes, self._budgets(outcomes))):
-            left += budget - self._tune_task(o, budget + left, f"task {i + 1}/{len(outcomes)}", heuristics[o.task.key])
-        for i, o in enumerate(outcomes):
+            left = budget + left - self._tune_task(o, budget + left, label(i), heuristics[o.task.key])
+            if left == 0:
+                more.append(i)
+        for i in more:
             if left > 0:
-                left -= self._tune_task(o, left, f"task {i + 1}/{len(outcomes)}", heuristics[o.task.key])
+                left -= self._tune_task(outcomes[i], left, label(i), heuristics[outcomes[i].task.key])
         for o in outcomes:  # a rerun's best may come from the database
             best = self._best_known(o.task)
             if best is not None and best[1] < o.best_ms:
