@@ -415,16 +415,25 @@ class RegisterTiledAnchor(Policy):
 
     def candidates(self, info):
         """The space's settings whose register tile holds enough sums for the FMA units
-        (``Machine.tile_accumulators``); where none does (a short row axis), those with the
-        largest tile. Six GEMMs and convolutions measured on a Zen 4 (all 121 candidates of
+        (``Machine.tile_accumulators``), or where no tile that fits the registers does (a short
+        row axis; Haswell's 80 sums at 512, where 6 rows do not divide it), as many as the
+        largest that fits. Six GEMMs and convolutions measured on a Zen 4 (all 121 candidates of
         matmul 512's space, 300 drawn at random from each of the others'): built for znver4, the
         smaller tiles were 44-53% of them and the fastest 1.55-1.78x as slow as the best; built
         for znver3, 62-75% and 1.65-1.73x. None was within 5% of the best."""
         settings = list(super().candidates(info))
-        need = self.machine.tile_accumulators(info.dtype_bits)
+        lanes = info.lanes(self.machine)
         sums = [k["tile_i"] * k["tile_j"] * k["tile_b"] for k in settings]
-        floor = min(need, max(sums, default=0))
+        fitting = [n for k, n in zip(settings, sums) if self.registers(k, lanes) <= self.machine.vector_registers]
+        floor = min(self.machine.tile_accumulators(info.dtype_bits), max(fitting or sums, default=0))
         return iter([k for k, n in zip(settings, sums) if n >= floor])
+
+    @staticmethod
+    def registers(knobs: dict, lanes: int) -> int:
+        """The vector registers a tile takes: its sums, a row of B for each step of the reuse
+        axis, and the broadcast of A."""
+        vectors_j = max(1, knobs["tile_j"] // lanes)
+        return knobs["tile_b"] * vectors_j * (knobs["tile_i"] + 1) + 1
 
     def default(self, info, fuse_epilogue=True):
         space = self.space(info)
@@ -437,13 +446,13 @@ class RegisterTiledAnchor(Policy):
         lanes = info.lanes(self.machine)
         vectors_j = max(1, knobs["tile_j"] // lanes)
         want = max(1, min(8, 256 // max(1, knobs["tile_j"])))
-        rows = [t for t in space["tile_i"] if (t + 1) * vectors_j + 1 <= self.machine.vector_registers]
+        regs = self.machine.vector_registers
+        rows = [t for t in space["tile_i"] if self.registers({**knobs, "tile_i": t, "tile_b": 1}, lanes) <= regs]
         knobs["tile_i"] = min(rows or [min(space["tile_i"])], key=lambda t: (abs(t - want), -t))
         # steps of the reuse axis (a blocked conv's output-channel blocks) join the tile while
         # the accumulators, the vector operand's loads and a broadcast fit in the registers:
         # a 3x3 conv 32->32 at 56x56 on a Zen 5, 8 x 16 -> 2 x 8 x 16: 358 -> 453 GFLOP/s
-        fits = [b for b in space["tile_b"]
-                if b * vectors_j * (knobs["tile_i"] + 1) + 1 <= self.machine.vector_registers]
+        fits = [b for b in space["tile_b"] if self.registers({**knobs, "tile_b": b}, lanes) <= regs]
         knobs["tile_b"] = max(fits, default=1)
         # k is unrolled 4 times where one step of it is fewer than 16 vector FMAs: the loop's own
         # instructions (counter, compare, branch, pointer steps) beside them take a share of the
