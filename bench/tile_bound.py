@@ -27,6 +27,7 @@ import tuner_quality  # noqa: E402
 from models import workloads  # noqa: E402
 
 import tvm_ext  # noqa: E402
+from schedules.policies import RegisterTiledAnchor  # noqa: E402
 from schedules.search_space import enumerate_space  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
 from tvm_ext.target import cpu_target  # noqa: E402
@@ -41,8 +42,9 @@ def _module(name: str):
 
 
 def _tile_sums(candidate: list) -> int:
-    return next((k["tile_i"] * k["tile_j"] * k["tile_b"] for label, k in candidate
-                 if label.startswith("register_tile")), 0)
+    """The register tile's sums in a candidate (0 if it has no register tile)."""
+    return next((RegisterTiledAnchor.tile_sums(k) for label, k in candidate
+                 if label.startswith(RegisterTiledAnchor.name)), 0)
 
 
 def main() -> None:

@@ -423,10 +423,15 @@ class RegisterTiledAnchor(Policy):
         for znver3, 62-75% and 1.65-1.73x. None was within 5% of the best."""
         settings = list(super().candidates(info))
         lanes = info.lanes(self.machine)
-        sums = [k["tile_i"] * k["tile_j"] * k["tile_b"] for k in settings]
+        sums = [self.tile_sums(k) for k in settings]
         fitting = [n for k, n in zip(settings, sums) if self.registers(k, lanes) <= self.machine.vector_registers]
         floor = min(self.machine.tile_accumulators(info.dtype_bits), max(fitting or sums, default=0))
         return iter([k for k, n in zip(settings, sums) if n >= floor])
+
+    @staticmethod
+    def tile_sums(knobs: dict) -> int:
+        """The sums a tile accumulates at once: rows x columns x steps of the reuse axis."""
+        return knobs["tile_i"] * knobs["tile_j"] * knobs["tile_b"]
 
     @staticmethod
     def registers(knobs: dict, lanes: int) -> int:

@@ -965,7 +965,7 @@ def test_the_machine_knows_its_fma_units_and_the_sums_a_register_tile_needs(mcpu
 
 
 def _tile_sums(settings):
-    return [k["tile_i"] * k["tile_j"] * k["tile_b"] for k in settings]
+    return [RegisterTiledAnchor.tile_sums(k) for k in settings]
 
 
 @pytest.mark.parametrize("mcpu, floor", [("znver4", 64), ("skylake-avx512", 128), ("znver3", 64), ("x86-64", 32),

@@ -57,8 +57,8 @@ class Machine:
         latency come from the mcpu's name (``_FMA_UNITS``)."""
         cores = int(target.attrs.get("num-cores", 0) or len(os.sched_getaffinity(0)))
         mcpu = str(target.attrs.get("mcpu", ""))
-        machine = cls(cores=cores, vector_bytes=vector_bytes(target), fma_units=_FMA_UNITS.get(mcpu, 2),
-                      fma_latency=_FMA_LATENCY.get(mcpu, 4))
+        machine = cls(cores=cores, vector_bytes=vector_bytes(target), fma_units=_FMA_UNITS.get(mcpu, cls.fma_units),
+                      fma_latency=_FMA_LATENCY.get(mcpu, cls.fma_latency))
         if is_host(target):
             caches = host_caches()
             machine = replace(machine, cpu=host_cpu_name(),
