@@ -648,6 +648,9 @@ class PersistentRows(Policy):
 
     name = "persistent_rows"
     KNOBS = ("vector", "prefetch", "accumulators")
+    # the arithmetic operations an element of the output pass from which its arithmetic, not its
+    # memory traffic, bounds it: an exp takes 15 or more (``fast_math``); LayerNorm's affine, 8
+    WIDE_ROW_OPS = 16
     whole_kernel = True
 
     def applies(self, info, builder):
@@ -751,7 +754,13 @@ class PersistentRows(Policy):
         # a channel's pass runs as keep_2d runs a pointwise row: two vectors an iteration where
         # they divide it, two exps in flight (GroupNorm + SiLU on a Zen 4, 4x48x32x32 and
         # 2x64x64x64: 8% faster than one vector; built for AVX2 there, 17%)
-        width = row_vector(row_len, vector) if own > 1 else vector_factor(row_len, vector)
+        # A row no whole vector divides (a LayerNorm over 900) takes row_vector's wide vector
+        # where the output's arithmetic bounds it (an exp: 29-80 operations an element; 900 with
+        # GELU: 4 lanes 0.32 ms, 30 lanes 0.145, Zen 4, 256 rows; with SiLU 0.148 -> 0.073; built
+        # for znver3, 15 lanes, 0.654x and 0.839x), vector_factor's narrow one where memory does
+        # (LayerNorm or RMSNorm alone, 5-8 operations: 30 lanes 1.02-1.05x slower, 15 1.17-1.20x)
+        wide = own > 1 or (row_len % vector and arithmetic_ops(builder.block(out).body) >= self.WIDE_ROW_OPS)
+        width = row_vector(row_len, vector) if wide else vector_factor(row_len, vector)
         outer = self.vectorize_tail(builder, out, cols, width)
         if own > 1 and outer is not None and outer != cols and width % vector:
             # a vector of no whole number of registers: (channel, vector) become one loop. Under
