@@ -757,7 +757,7 @@ class PersistentRows(Policy):
         # A row no whole vector divides (a LayerNorm over 900) takes row_vector's wide vector
         # where the output's arithmetic bounds it (an exp: 29-80 operations an element; 900 with
         # GELU: 4 lanes 0.32 ms, 30 lanes 0.145, Zen 4, 256 rows; with SiLU 0.148 -> 0.073; built
-        # for znver3, 15 lanes, 0.654x and 0.839x), vector_factor's narrow one where memory does
+        # for znver3, 15 lanes, 0.65-0.67x and 0.78-0.84x), vector_factor's narrow one where memory does
         # (LayerNorm or RMSNorm alone, 5-8 operations: 30 lanes 1.02-1.05x slower, 15 1.17-1.20x)
         wide = own > 1 or (row_len % vector and arithmetic_ops(builder.block(out).body) >= self.WIDE_ROW_OPS)
         width = row_vector(row_len, vector) if wide else vector_factor(row_len, vector)
