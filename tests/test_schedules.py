@@ -994,10 +994,7 @@ def test_the_register_tile_space_leaves_out_tiles_too_small_for_the_fma_units(mc
 def _layer_norm_then(act, rows, n):
     """The one unscheduled kernel of a LayerNorm over rows of ``n``, then ``act``."""
     ones, zeros = relax.const(np.ones(n, "float32")), relax.const(np.zeros(n, "float32"))
-    mod = build_module(lambda x: act(R.nn.layer_norm(x, ones, zeros, axes=[-1])), [((rows, n), "float32")])
-    pipe = tvm_ext.Pipeline(schedule=False)
-    lowered, _ = pipe.lower(pipe.prepare(mod))
-    return next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    return _row_kernel(lambda x: act(R.nn.layer_norm(x, ones, zeros, axes=[-1])), rows, n)
 
 
 @pytest.mark.parametrize("vector_bytes,wide,narrow", [(64, 30, 4), (32, 15, 4)])
