@@ -131,11 +131,12 @@ class GroupNormSiLU(nn.Module):
 
 
 class MatMul(nn.Module):
-    """x @ W for a square weight: fp32 GEMM, compared with torch.mm (oneDNN/MKL)."""
+    """x @ W for a k x n weight (square by default): fp32 GEMM, compared with torch.mm
+    (oneDNN/MKL)."""
 
-    def __init__(self, n):
+    def __init__(self, k, n=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+        self.weight = nn.Parameter(torch.randn(k, n or k) / k ** 0.5)
 
     def forward(self, x):
         return torch.mm(x, self.weight)
@@ -158,6 +159,12 @@ class Workload:
     flops: int = 0  # for compute-bound kernels: report GFLOP/s
 
 
+#: (m, k, n) of the model-shaped GEMMs, x (m, k) @ W (k, n)
+GEMM_SHAPES = {"matmul_mlp_up": (256, 1024, 4096), "matmul_mlp_down": (256, 4096, 1024),
+               "matmul_qkv": (1024, 256, 768), "matmul_ffn_up": (1024, 256, 1024),
+               "matmul_ffn_down": (1024, 1024, 256)}
+
+
 def workloads(quick: bool) -> dict[str, Workload]:
     s = 4 if quick else 1
     rows = 4096 // s
@@ -175,6 +182,11 @@ def workloads(quick: bool) -> dict[str, Workload]:
         "matmul_1024": Workload(lambda: (MatMul(1024), torch.randn(1024, 1024)), False, 2 * 1024 ** 3),
         "matmul_2048": Workload(lambda: (MatMul(2048 // s), torch.randn(2048 // s, 2048 // s)), False,
                                 2 * (2048 // s) ** 3),
+        # the GEMMs of the MLP block (Linear 1024 -> 4096 -> 1024, 256 tokens) and of the
+        # transformer layer (d_model 256, FFN 1024, 8 x 128 tokens) of issue 14, as torch.mm
+        **{name: Workload(lambda m=m, k=k, n=n: (MatMul(k // s, n // s), torch.randn(m // s, k // s)), False,
+                          2 * (m // s) * (k // s) * (n // s))
+           for name, (m, k, n) in GEMM_SHAPES.items()},
         "mlp": Workload(lambda: (MLP(512, 1024, 256), torch.randn(256 // s, 512)), False),
         "conv_bn_relu": Workload(lambda: (ConvBNReLU(32, 32), torch.randn(1, 32, 56 // s, 56 // s)), False),
         "resnet_basic_block": Workload(lambda: (BasicBlock(32), torch.randn(1, 32, 56 // s, 56 // s)), False),
