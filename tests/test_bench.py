@@ -130,3 +130,18 @@ def test_each_models_torch_compile_first_call_starts_from_empty_caches(monkeypat
     row = run.bench_one("softmax", workloads(quick=True)["softmax"], 1, ["autofuse"], with_compile=True)
     assert events[:3] == ["enter", "call", "exit"] and events[3:] and set(events[3:]) == {"call"}, events
     assert row["torch_compile_build_s"] > 0
+
+
+def test_softmax_floor_times_a_softmax_by_hand_that_agrees_with_ours():
+    # the tool checks its C++ softmax against our compiled one before timing (an assertion that
+    # fails the run); for AVX2 code as well, which both CPU kinds we run on execute
+    import shutil
+    for extra in ([], ["--mcpu", "haswell"]):
+        out = subprocess.run([sys.executable, str(BENCH.parent / "softmax_floor.py"), "--rows", "8", "--cols", "64",
+                              "--repeat", "1", *extra], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        if shutil.which("c++") or shutil.which("g++"):
+            timed = [line.split()[0:3] for line in out.stdout.splitlines()[1:]]
+            assert len(timed) == 5 and "whole softmax" in out.stdout and "ours: kernel" in out.stdout
+        else:
+            assert "no C++ compiler" in out.stdout
