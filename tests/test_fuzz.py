@@ -1,7 +1,9 @@
 """A random-graph differential test: small DAGs of registered ops (broadcasting, odd and
 size-1 shapes, several inputs and outputs, views that are outputs, reductions feeding
 epilogues), compiled under every fusion strategy and compared with numpy in float64, NaN
-and inf positions included (see ``check_graph`` for the known differences). CI runs a short draw; ``-m slow`` runs thousands."""
+and inf positions included (see ``check_graph`` for the known differences; an output that numpy's
+own float32 evaluation misses, being ill-conditioned, is held to that error: ``_float32_slack``).
+CI runs a short draw; ``-m slow`` runs thousands."""
 from __future__ import annotations
 
 import math
@@ -133,7 +135,8 @@ def graphs(draw):
 
 
 def _build(inputs, steps, outputs):
-    """The Relax module and a function computing the same outputs in numpy (float64)."""
+    """The Relax module and a function computing the same outputs in numpy (float64, or with
+    each step's result rounded to ``dtype``)."""
     params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in inputs]
     bb = relax.BlockBuilder()
     with bb.function("main", params):
@@ -144,10 +147,11 @@ def _build(inputs, steps, outputs):
             out = bb.emit_output(relax.Tuple([vals[i] for i in outputs]))
         bb.emit_func_output(out)
 
-    def reference(*arrays):
-        vals = [a.astype("float64") for a in arrays]
-        for kind, op, args in steps:
-            vals.append(_step(kind, op)[1](*[vals[i] for i in args]))
+    def reference(*arrays, dtype="float64"):
+        vals = [a.astype(dtype) for a in arrays]
+        with np.errstate(all="ignore"):
+            for kind, op, args in steps:
+                vals.append(np.asarray(_step(kind, op)[1](*[vals[i] for i in args])).astype(dtype))
         return [vals[i] for i in outputs]
     return bb.get(), reference
 
@@ -169,6 +173,26 @@ def _selects(kind: str, op) -> bool:
     return names is not None and names[op] in ("relu", "maximum", "minimum")
 
 
+def _float32_slack(reference, arrays, want, tries: int = 3) -> list[float]:
+    """Per output, how far numpy itself, rounding each step to float32, lands from the float64
+    result (the most over its finite elements, on the inputs and on inputs an ulp away: each
+    draw rounds differently); 0 where it always agrees within check_graph's tolerance. The
+    sum of a normalized row, say, is 0 but for rounding, and a layer norm of that sum times x
+    scales the rounding up to 5e-4 against 1e-12: no float32 program can be held to 2e-4 there."""
+    rng = np.random.default_rng(0)
+    slack = [0.0] * len(want)
+    with np.errstate(all="ignore"):
+        for t in range(tries):
+            nudged = [a if t == 0 else np.where(rng.random(a.shape) < 0.5, np.nextafter(a, np.inf), a).astype(a.dtype)
+                      for a in arrays]
+            for i, (w32, w) in enumerate(zip(reference(*nudged, dtype="float32"), want)):
+                both = np.isfinite(w32) & np.isfinite(w)
+                off = np.abs(w32[both] - w[both]) - 2e-4 * np.abs(w[both])
+                if off.size and off.max() > 2e-4:
+                    slack[i] = max(slack[i], float(off.max()))
+    return slack
+
+
 def check_graph(inputs, steps, outputs, fusion, seed=0):
     mod, reference = _build(inputs, steps, outputs)
     compiled = tvm_ext.compile(mod, fusion=fusion, strict=fusion != "tvm")
@@ -180,9 +204,14 @@ def check_graph(inputs, steps, outputs, fusion, seed=0):
     got = list(got) if isinstance(got, tuple) else [got]
     want = reference(*arrays)
     assert len(got) == len(want)
+    slack = _float32_slack(reference, arrays, want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape, (i, g.shape, w.shape)
         finite = np.isfinite(w)
+        if slack[i]:  # an ill-conditioned output: held to twice numpy's own float32 error
+            both = finite & np.isfinite(g)
+            np.testing.assert_allclose(g[both], w[both], rtol=2e-4, atol=2e-4 + 2 * slack[i], err_msg=f"output {i}")
+            continue
         # NaN and inf positions as the reference has them. Known differences, all under
         # fusion="tvm", whose kernels are TVM's own: maximum/minimum/relu of a NaN, and a max
         # over a row with NaN (TVM's max reducer drops it; ours propagates it, see
@@ -221,6 +250,13 @@ FOUND = {
     "cse_of_a_load": ([("x0", (2,))], [("binary", 3, (0, 0)), ("binary", 1, (0, 1)), ("unary", 0, (2,)),
                                         ("unary", 0, (0,)), ("unary", 0, (0,)), ("unary", 0, (0,)),
                                         ("binary", 0, (1, 3))], [7], "autofuse"),
+    # layer_norm(sum(layer_norm(x)) * x): the sum is rounding noise (1e-7 in float32, 1e-16 in
+    # float64), which the second layer norm scales up to 5e-4 against 1e-12; found with graphs
+    # of 8-20 steps, under autofuse and under TVM's own kernels alike
+    "normalized_rounding_noise": ([("x0", (16, 1, 16))], [
+        ("binary", 0, (0, 0)), ("norm", "layer_norm", (0,)), ("reduce", "sum", (2,)), ("norm", "softmax", (0,)),
+        ("reduce", "max", (3,)), ("binary", 2, (3, 0)), ("unary", 1, (1,)), ("norm", "layer_norm", (6,))],
+        [5, 7, 8], "autofuse", 3),
 }
 
 
