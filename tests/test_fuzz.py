@@ -3,7 +3,7 @@ size-1 shapes, several inputs and outputs, views that are outputs, reductions fe
 epilogues), compiled under every fusion strategy and compared with numpy in float64, NaN
 and inf positions included (see ``check_graph`` for the known differences; an output that numpy's
 own float32 evaluation misses, being ill-conditioned, is held to that error: ``_float32_slack``).
-CI runs a short draw; ``-m slow`` runs thousands."""
+CI runs a short draw; ``-m slow`` runs thousands (``TVM_EXT_FUZZ_STEPS=8-20`` for larger graphs)."""
 from __future__ import annotations
 
 import math
@@ -83,6 +83,10 @@ def _step(kind: str, op):
     return OTHER[op]
 
 
+#: how many steps a graph draws (at least, at most); TVM_EXT_FUZZ_STEPS=8-20 for larger graphs
+_STEPS = tuple(int(n) for n in os.environ.get("TVM_EXT_FUZZ_STEPS", "1-7").split("-"))
+
+
 @st.composite
 def graphs(draw):
     """(inputs [(name, shape)], steps [(kind, op, operand indices)], outputs [indices], fusion)."""
@@ -96,7 +100,7 @@ def graphs(draw):
         inputs.append((f"x{i}", shape))
     shapes = [s for _, s in inputs]
     steps = []
-    for _ in range(draw(st.integers(1, 7))):
+    for _ in range(draw(st.integers(*_STEPS))):
         kind = draw(st.sampled_from(["unary", "binary", "binary", "reduce", "norm", "view"]))
         a = draw(st.integers(0, len(shapes) - 1))
         if kind == "unary":
