@@ -156,6 +156,42 @@ def test_division_by_a_row_value_becomes_one_reciprocal_per_row(exact):
     assert fast != exact and (" / T.float32(3.0)" in text) == exact
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_division_by_a_row_statistic_of_several_reads_becomes_one_reciprocal_per_row(exact):
+    # LayerNorm by hand: (x - mean) / sqrt(var + eps), the divisor arithmetic on two kept-dims
+    # row sums; it was divided every vector (layer_norm_by_hand 4096 x 768: 0.26 -> 0.22 ms of
+    # kernel on a Zen 4)
+    from tvm import relax
+
+    import tvm_ext
+    from conftest import build_module
+
+    R = relax.op
+
+    def layer_norm(a):
+        d = R.subtract(a, R.mean(a, axis=[-1], keepdims=True))
+        return R.divide(d, R.sqrt(R.add(R.mean(R.multiply(d, d), axis=[-1], keepdims=True),
+                                        relax.const(1e-5, "float32"))))
+    compiled = tvm_ext.compile(build_module(layer_norm, [((8, 96), "float32")]), exact_math=exact)
+    x = np.random.default_rng(0).standard_normal((8, 96)).astype("float32")
+    d = x.astype("float64") - x.mean(-1, keepdims=True)
+    np.testing.assert_allclose(compiled(x), d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5), rtol=2e-6,
+                               atol=1e-6)
+    text = compiled.lowered_module.script()
+    divided = ")) / T.sqrt(" in text  # (x - mean) / sqrt(...), against (1.0) / sqrt(...)
+    assert ("* (T.float32(1.0) / T.sqrt(" in text) != exact and divided == exact
+
+
+def test_along_row_constant_takes_reads_at_a_fixed_last_index_and_no_loop_variable():
+    a, s = te.placeholder((4, 8), name="a"), te.placeholder((4, 1), name="s")
+    i, j = tvm.tirx.Var("i", "int32"), tvm.tirx.Var("j", "int32")
+    row = te.sqrt(s[i, 0] * 0.5 + s[i, 0] * s[i, 0] + 1e-5)
+    assert fast_math.along_row_constant(row) and fast_math.along_row_constant(tvm.tirx.const(3.0, "float32"))
+    assert not fast_math.along_row_constant(a[i, j])  # a column's read
+    assert not fast_math.along_row_constant(row + a[i, j])
+    assert not fast_math.along_row_constant(row * tvm.tirx.Cast("float32", j))  # the loop variable itself
+
+
 def _sweep(lo: float, hi: float, step: int = 61) -> np.ndarray:
     """Every ``step``-th float32 in [lo, hi] (both signs handled by the caller)."""
     a, b = np.float32(lo).view(np.int32), np.float32(hi).view(np.int32)

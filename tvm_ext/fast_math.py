@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 from tvm_ext import float_class
@@ -104,15 +105,33 @@ def exp(x: PrimExpr, let: bool = False, nonpositive: bool = False,
 
 
 def divide(a: PrimExpr, b: PrimExpr, let: bool = False) -> PrimExpr:
-    """``a * (1 / b)`` when ``b`` stays the same along a row (a constant, or a tensor read at a
-    fixed place of its last axis, as a kept-dims row sum is): LLVM then hoists the one division
-    out of the vectorized loop instead of dividing every vector of the row (softmax by hand:
-    0.67 -> 0.49 ms). One rounding more than ``a / b``: at most 1 ulp."""
-    if isinstance(b, tirx.FloatImm) or (
-            isinstance(b, tvm.ir.Call) and getattr(b.op, "name", "") == "te.tensor_load"
-            and isinstance(b.args[-1], tirx.IntImm)):
+    """``a * (1 / b)`` when ``b`` stays the same along a row (``along_row_constant``: a
+    constant, a kept-dims row sum, LayerNorm's ``sqrt(var + eps)``): LLVM then hoists the one
+    division out of the vectorized loop instead of dividing every vector of the row (softmax by
+    hand: 0.67 -> 0.49 ms). One rounding more than ``a / b``: at most 1 ulp."""
+    if along_row_constant(b):
         return a * (_f(1.0) / b)
     return a / b
+
+
+def along_row_constant(b: PrimExpr) -> bool:
+    """Whether ``b`` reads tensors only at a fixed place of their last axis (as a kept-dims row
+    statistic is read) and names no loop variable outside those reads: then it is the same for
+    every element of a row, whatever arithmetic combines the reads."""
+    if isinstance(b, tirx.FloatImm):
+        return True
+    reads, varying = [0], [False]
+
+    def visit(node):
+        if isinstance(node, tvm.ir.Call) and getattr(node.op, "name", "") == "te.tensor_load":
+            reads[0] += 1
+            varying[0] |= not isinstance(node.args[-1], tirx.IntImm)
+            return tvm_ffi.WalkResult.SKIP  # the other indices name the row: the same along it
+        varying[0] |= isinstance(node, (tirx.Var, tirx.Let))
+        return None
+
+    tvm_ffi.structural_walk(b, visit, order="pre")
+    return reads[0] > 0 and not varying[0]
 
 
 def sigmoid(x: PrimExpr, let: bool = False) -> PrimExpr:
