@@ -688,6 +688,11 @@ class PersistentRows(Policy):
             rows = min(rows, next((d for d, (s, o) in enumerate(zip(shape, out_shape)) if s != o), len(shape)))
         if split is not None and rows <= split[0]:  # the groups must be among the rows
             return None
+        if any(d != 1 for shape in shapes for d in shape[rows:]):
+            # a reduction that makes a whole row, not one statistic of it: the scores q @ k^T
+            # under attention's softmax. Its lanes would span the row (vectors of 512 floats for
+            # 64 x 64 scores, on which LLVM spent 48 s)
+            return None
         return (rows, split) if 0 < rows < len(out_shape) else None
 
     def apply(self, builder, info, knobs):

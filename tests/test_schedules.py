@@ -269,6 +269,39 @@ def test_persistent_rows_writes_a_stage_into_the_output_only_when_read_element_b
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def _vector_extents(func) -> list[int]:
+    found = []
+    tvm_ffi.structural_walk(func, (tvm.tirx.For, lambda f: found.append(int(f.extent))
+                                   if f.kind == tvm.tirx.ForKind.VECTORIZED else None))
+    return found
+
+
+def test_persistent_rows_declines_a_reduction_that_makes_a_whole_row():
+    # softmax(q @ k^T): the scores are a reduction of their own whose rows are whole rows, not
+    # one statistic each. Taken as a row statistic, their lanes spanned the row (vectors of 512
+    # floats for 64 x 64 scores, on which LLVM spent 48 s; 128 x 128: over 500 s)
+    n, d = 64, 32
+    q, k = te.placeholder((n, d), name="Q"), te.placeholder((n, d), name="K")
+    r = te.reduce_axis((0, d), "r")
+    scores = te.compute((n, n), lambda i, j: te.sum(q[i, r] * k[j, r], axis=r), name="S")
+    c = te.reduce_axis((0, n), "c")
+    top = te.compute((n, 1), lambda i, _: te.max(scores[i, c], axis=c), name="M")
+    e = te.compute((n, n), lambda i, j: te.exp(scores[i, j] - top[i, 0]), name="E")
+    c2 = te.reduce_axis((0, n), "c2")
+    total = te.compute((n, 1), lambda i, _: te.sum(e[i, c2], axis=c2), name="Z")
+    out = te.compute((n, n), lambda i, j: e[i, j] / total[i, 0], name="O")
+    func = te.create_prim_func([q, k, out])
+    builder = ScheduleBuilder(func)
+    assert not PersistentRows(MACHINE).applies(block_infos(builder.sch)[-1], builder)
+    result = schedule_kernel(func, MACHINE)
+    assert max(_vector_extents(result.func)) <= 64
+    a, b = (np.random.default_rng(i).standard_normal((n, d)).astype("float32") for i in (0, 1))
+    (got,) = _run(result.func, [a, b], [(n, n)])
+    s_ = a.astype("float64") @ b.T
+    want = np.exp(s_ - s_.max(1, keepdims=True))
+    np.testing.assert_allclose(got, want / want.sum(1, keepdims=True), rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(prefetch):
     # softmax: e = exp(x - max) row by row into the output, its vector partial sums in the same
