@@ -302,6 +302,26 @@ def test_persistent_rows_declines_a_reduction_that_makes_a_whole_row():
     np.testing.assert_allclose(got, want / want.sum(1, keepdims=True), rtol=1e-4, atol=1e-7)
 
 
+def test_a_kernel_with_a_0d_result_keeps_vector_row_reductions():
+    # the mean of row sums: its last block, 0-d, has no loop, and TVM's rfactor then failed on
+    # every other block of the kernel; the rows were summed one scalar at a time
+    a = te.placeholder((64, 1000), name="A")
+    k, i = te.reduce_axis((0, 1000), "k"), te.reduce_axis((0, 64), "i")
+    rows = te.compute((64, 1), lambda r, _: te.sum(a[r, k], axis=k), name="S")
+    total = te.compute((), lambda: te.sum(rows[i, 0], axis=i), name="T")
+    mean = te.compute((), lambda: total[()] * (1.0 / 64000), name="U")
+    func = te.create_prim_func([a, mean])
+    builder = ScheduleBuilder(func)
+    info = next(x for x in block_infos(builder.sch) if x.name == "S")
+    policy = RowPerCore(MACHINE)
+    assert policy.trial(builder, info, policy.default(info)) is not None
+    result = schedule_kernel(func, MACHINE)
+    assert "row_per_core@S" in [label for label, _ in result.choices]
+    x = np.random.default_rng(0).standard_normal((64, 1000)).astype("float32")
+    (got,) = _run(result.func, [x], [()])
+    np.testing.assert_allclose(got, x.astype("float64").mean(), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_persistent_rows_sums_the_stage_as_it_goes_and_prefetches_the_next_row(prefetch):
     # softmax: e = exp(x - max) row by row into the output, its vector partial sums in the same
