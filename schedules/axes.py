@@ -71,6 +71,12 @@ class Step:
     args: tuple = ()
 
 
+#: the widest vectorized loop a schedule may make, in elements: four AVX-512 registers of float32.
+#: LLVM's time grows faster than the vector: a schedule bug that vectorized a row of 512 floats
+#: took 48 s to compile one kernel. A wider one fails the policy's trial, which falls back.
+MAX_VECTOR_LANES = 64
+
+
 @dataclass
 class ImplGraph:
     """The axes of one ScheduleGroup and the transformations that made them.
@@ -210,6 +216,9 @@ class ImplGraph:
             prim.parallel(self.sch, self.loops[name])
 
     def mark_vectorized(self, name: str) -> None:
+        if self[name].size > MAX_VECTOR_LANES:
+            raise AxisRuleError(f"{self.block}: {name} would be a vector of {self[name].size} lanes; at most "
+                                f"{MAX_VECTOR_LANES}")
         self.set_loop_axis(self.names[self.index(name) - 1] if self.index(name) else None)
         self.steps.append(Step("vectorize", (name,)))
         if self.sch is not None:

@@ -53,6 +53,16 @@ def test_consecutive_axes_merge():
         ImplGraph.of_block("B", [2, 3, 4]).merge("z0", "z2")
 
 
+def test_no_vector_wider_than_four_avx512_registers():
+    # the stop rule for LLVM's time: a vector of 512 floats (a schedule bug) took 48 s to compile
+    from schedules.axes import MAX_VECTOR_LANES
+    g = ImplGraph.of_block("B", [4, 2 * MAX_VECTOR_LANES])
+    g.tile_split("z1", MAX_VECTOR_LANES)
+    g.mark_vectorized("z1t")
+    with pytest.raises(AxisRuleError, match="vector of 128 lanes"):
+        ImplGraph.of_block("B", [4, 2 * MAX_VECTOR_LANES]).mark_vectorized("z1")
+
+
 def test_split_axes_are_consecutive_with_their_neighbours():
     # seed: [z0, z1T, z1t, z2T, z2t, z3]: [z1t, z2T] are consecutive
     g = ImplGraph.of_block("B", [2, 8, 8, 2])
