@@ -85,7 +85,7 @@ class ScheduleBuilder:
             # a block with no loop (a 0-d result: the mean of a loss) made TVM's rfactor fail
             # on every other block of the kernel ("block_realize == old_block_realize_"), whose
             # row reductions then ran one scalar at a time (log_softmax + mean of a column of
-            # 2048 x 1000: 4.4 ms); a loop of extent 1 avoids that
+            # 2048 x 1000: 4.4 ms of kernel, 0.44 with vectors); a loop of extent 1 avoids that
             if not prim.get_loops(self.sch, block):
                 prim.add_unit_loop(self.sch, block)
         for name in self.block_names():
