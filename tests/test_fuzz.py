@@ -177,6 +177,10 @@ def _selects(kind: str, op) -> bool:
     return names is not None and names[op] in ("relu", "maximum", "minimum")
 
 
+#: check_graph's relative and absolute tolerance, float32 against float64
+_TOL = 2e-4
+
+
 def _float32_slack(reference, arrays, want, tries: int = 3) -> list[float]:
     """Per output, how far numpy itself, rounding each step to float32, lands from the float64
     result (the most over its finite elements, on the inputs and on inputs an ulp away: each
@@ -191,8 +195,8 @@ def _float32_slack(reference, arrays, want, tries: int = 3) -> list[float]:
                       for a in arrays]
             for i, (w32, w) in enumerate(zip(reference(*nudged, dtype="float32"), want)):
                 both = np.isfinite(w32) & np.isfinite(w)
-                off = np.abs(w32[both] - w[both]) - 2e-4 * np.abs(w[both])
-                if off.size and off.max() > 2e-4:
+                off = np.abs(w32[both] - w[both]) - _TOL * np.abs(w[both])
+                if off.size and off.max() > _TOL:
                     slack[i] = max(slack[i], float(off.max()))
     return slack
 
@@ -214,7 +218,7 @@ def check_graph(inputs, steps, outputs, fusion, seed=0):
         finite = np.isfinite(w)
         if slack[i]:  # an ill-conditioned output: held to twice numpy's own float32 error
             both = finite & np.isfinite(g)
-            np.testing.assert_allclose(g[both], w[both], rtol=2e-4, atol=2e-4 + 2 * slack[i], err_msg=f"output {i}")
+            np.testing.assert_allclose(g[both], w[both], rtol=_TOL, atol=_TOL + 2 * slack[i], err_msg=f"output {i}")
             continue
         # NaN and inf positions as the reference has them. Known differences, all under
         # fusion="tvm", whose kernels are TVM's own: maximum/minimum/relu of a NaN, and a max
@@ -224,10 +228,10 @@ def check_graph(inputs, steps, outputs, fusion, seed=0):
                 _selects(k, op) or k == "reduce" and op == "max" for k, op, _ in steps)):
             np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"NaN positions of output {i}")
             np.testing.assert_array_equal(g[np.isinf(w)], w[np.isinf(w)], err_msg=f"infinities of output {i}")
-            np.testing.assert_allclose(g[finite], w[finite], rtol=2e-4, atol=2e-4, err_msg=f"output {i}")
+            np.testing.assert_allclose(g[finite], w[finite], rtol=_TOL, atol=_TOL, err_msg=f"output {i}")
         else:
             both = finite & np.isfinite(g)
-            np.testing.assert_allclose(g[both], w[both], rtol=2e-4, atol=2e-4, err_msg=f"output {i}")
+            np.testing.assert_allclose(g[both], w[both], rtol=_TOL, atol=_TOL, err_msg=f"output {i}")
 
 
 _EXAMPLES = int(os.environ.get("TVM_EXT_FUZZ_EXAMPLES", "60"))
