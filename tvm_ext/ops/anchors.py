@@ -143,7 +143,8 @@ def _matmul(node: OpNode) -> TensorValue:
 def _read_across(value: TensorValue, axis: int) -> bool:
     """Whether some read of ``value`` moves with its index ``axis`` only along leading axes of
     the buffer it reads, never along the last (a transposed view). A read whose last index
-    moves with it (contiguous, or a packed panel's ``j % P``) does not count."""
+    moves with it (contiguous, or a packed panel's ``j % P``) does not count: those are the
+    operands ``schedules.analysis._kind_of`` takes for a GEMM's, and this test keeps to them."""
     idx = [tirx.Var(f"i{d}", "int32") for d in range(value.ndim)]
     var = idx[axis]
 
