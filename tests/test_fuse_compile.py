@@ -46,6 +46,20 @@ def test_softmax_is_one_kernel_with_local_reduction_stages():
     assert "local gv_max" in text and "local gv_exp" in text and "local gv_sum" in text and "store gv" in text
 
 
+def test_a_float_max_is_one_reduction_over_integer_keys():
+    # PyTorch's NaN and -inf rules in the reduction itself: no second pass over a class of each
+    # element (2048 x 1024 amax + x: 0.139 -> 0.116 ms, Zen 4)
+    mod = build_module(lambda x: R.max(x, axis=[-1]), [((4, 32), "float32")])
+    out = tvm.transform.Sequential([MakeGroups("chains"), FuseCompile(strict=True)])(mod)
+    (func,) = _prim_funcs(out).values()
+    from tvm import s_tir
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    reductions = [b for b in blocks if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]  # 2: a reduce axis
+    assert len(reductions) == 1
+    assert str(reductions[0].writes[0].source.dtype) == "int32"
+
+
 def test_constants_become_literals_or_kernel_arguments():
     w = np.arange(8, dtype="float32")
     mod = build_module(lambda x: R.add(R.multiply(x, relax.const(2.0, "float32")), relax.const(w)),

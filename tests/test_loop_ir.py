@@ -143,6 +143,20 @@ def test_to_te_builds_a_runnable_kernel():
     np.testing.assert_allclose(y.numpy(), np.where(xv > 0, xv, xv * 0.5), rtol=0, atol=0)
 
 
+def test_reinterpret_reads_a_floats_bits_as_an_integer_of_its_width():
+    kb = KernelBuilder("k")
+    x = kb.add_input("x", (4,), "float32")
+    out = pointwise(lambda v: L.reinterpret(v, "int32"), [x], "int32", "bits")
+    assert L.format_expr(out.load((0,))) == "reinterpret<int32>(load(x, [0]))"
+    lib = tvm.compile(kb.build([kb.store(out, "y")]), "llvm")
+    xv = np.array([1.0, -2.0, -0.0, np.inf], "float32")
+    y = tvm.runtime.empty((4,), "int32")
+    lib["k"](tvm.runtime.tensor(xv), y)
+    np.testing.assert_array_equal(y.numpy(), xv.view("int32"))
+    with pytest.raises(TypeError, match="width"):
+        L.reinterpret(x.load((0,)), "int64")
+
+
 def test_reduce_translates_to_te_sum():
     axis = te.reduce_axis((0, 4), name="k")
     buf = L.Buffer("x", (4,), "float32")

@@ -291,6 +291,22 @@ def test_max_and_min_reductions_propagate_nan_at_its_index(fusion):
         np.testing.assert_array_equal(np.asarray(g), w.numpy())  # NaN where PyTorch has NaN
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_max_and_min_order_signed_nans_zeros_and_infinities_as_pytorch_does(dtype):
+    # the reduction runs over integer keys of the floats' bits: a negative NaN (x86's default
+    # NaN, 0 * inf) must still win, -0.0 sit next to 0.0, and an infinity come back as itself
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 0.0, -3.0, 2.0], [-1.0, -2.0, -0.5, -4.0], [-0.0, 0.0, -0.0, -0.0],
+                      [-inf, -inf, -inf, -inf], [inf, -inf, 5.0, 1.0], [2.0, -1.0, 0.0, 1.0]], dtype=dtype)
+    x[0, 1] = -torch.tensor(nan, dtype=dtype)  # sign bit set
+    x[5, 2] = torch.tensor(0.0, dtype=dtype) * inf
+    module = _NanExtremes()
+    got = tvm_ext.compile(module, (x,), strict=True)(x.numpy())
+    for g, w in zip(got, module(x)):
+        np.testing.assert_array_equal(np.asarray(g), w.numpy())
+        assert np.asarray(g).dtype == w.numpy().dtype
+
+
 @pytest.mark.parametrize("fusion", ["autofuse", "nnvm", "none"])
 def test_max_and_min_over_rows_of_their_starting_infinity_give_that_infinity(fusion):
     # TVM's max reducer starts from -3.4e38, not -inf: a row of -inf (masked attention scores)

@@ -7,7 +7,8 @@ Lowering"). A node computes one scalar for one point of an iteration space:
   operators (reshape, transpose, broadcast, slice) only change that index, so they cost
   nothing.
 - ``Const`` / ``IndexValue``: a literal, or an index expression used as data (iota, masks).
-- ``Cast``: a dtype conversion (type promotion inserts these).
+- ``Cast``: a dtype conversion (type promotion inserts these); ``Reinterpret``: the same
+  bits read as another dtype of their width (a float's bits as an integer).
 - ``Compute``: one scalar primitive of ``SCALAR_OPS`` applied to its arguments.
 - ``Select``: a choice; ``guarded`` selects evaluate only the chosen branch (padding,
   concat), the others evaluate both (relu, where).
@@ -141,6 +142,19 @@ class IndexValue(LoopExpr):
 class Cast(LoopExpr):
     value: LoopExpr
     dtype: str
+
+    def children(self):
+        return (self.value,)
+
+
+@dataclass(eq=False, repr=False)
+class Reinterpret(LoopExpr):
+    value: LoopExpr
+    dtype: str
+
+    def __post_init__(self):
+        if _bits(self.value.dtype) != _bits(self.dtype):
+            raise TypeError(f"reinterpret keeps the width: {self.value.dtype} is not {self.dtype}'s")
 
     def children(self):
         return (self.value,)
@@ -345,6 +359,8 @@ def format_expr(expr: LoopExpr) -> str:
         return f"index({expr.expr})"
     if isinstance(expr, Cast):
         return f"cast<{expr.dtype}>({format_expr(expr.value)})"
+    if isinstance(expr, Reinterpret):
+        return f"reinterpret<{expr.dtype}>({format_expr(expr.value)})"
     if isinstance(expr, Compute):
         return f"{expr.op}({', '.join(format_expr(a) for a in expr.args)})"
     if isinstance(expr, Select):
@@ -553,6 +569,11 @@ def cast(value: LoopExpr, dtype: str) -> LoopExpr:
     return value if value.dtype == dtype else Cast(value, dtype)
 
 
+def reinterpret(value: LoopExpr, dtype: str) -> Reinterpret:
+    """``value``'s bits as ``dtype``, a type of the same width."""
+    return Reinterpret(value, dtype)
+
+
 def select(cond: LoopExpr, true_value, false_value, guarded: bool = False) -> Select:
     dtype = true_value.dtype if isinstance(true_value, LoopExpr) else false_value.dtype
     return Select(cond, _lift(true_value, dtype), _lift(false_value, dtype), guarded)
@@ -703,6 +724,8 @@ def _translate(node: LoopExpr, tr: Callable[[LoopExpr], PrimExpr], exact_math: b
     if isinstance(node, Cast):
         value = tr(node.value)
         return value if dtype_of(value) == node.dtype else tirx.Cast(node.dtype, value)
+    if isinstance(node, Reinterpret):
+        return tirx.reinterpret(node.dtype, tr(node.value))
     if isinstance(node, Compute):
         spec = SCALAR_OPS[node.op]
         if _is_fast(node, exact_math):  # its Lets only outside reduction bodies

@@ -36,32 +36,57 @@ def _count(x: TensorValue, axes) -> int:
 def _simple(kind: str):
     def lower(node: OpNode) -> TensorValue:
         x = node.args[0]
-        out = reduce(node.kb, x, _axes(node, x), kind, _keepdims(node), node.out_dtype, node.name)
         if kind in ("max", "min") and L.is_float(x.dtype):
-            return _nan_and_infinity(node, kind, x, _axes(node, x), _keepdims(node), out)
-        return out
+            return _float_extremum(node, kind, x, _axes(node, x), _keepdims(node))
+        return reduce(node.kb, x, _axes(node, x), kind, _keepdims(node), node.out_dtype, node.name)
     lower.__doc__ = f"Reduce with {kind} over the given axes" + (
         " (NaN if any element is NaN, -inf / inf over elements all -inf / inf, as in PyTorch)."
         if kind in ("max", "min") else ".")
     return lower
 
 
-def _nan_and_infinity(node: OpNode, kind: str, x: TensorValue, axes, keepdims: bool,
-                      out: TensorValue) -> TensorValue:
-    """``out`` corrected where TVM's max or min reducer (the one rfactor knows) differs from
-    PyTorch: it skips NaN, which PyTorch propagates, and starts from the most extreme finite
-    value, so a max over elements that are all -inf gives -3.4e38 instead of -inf (a fully masked
-    row of attention scores). One more reduction, a max over a code per element: 2 for NaN, 0 for
-    the infinity the result starts from (-inf for max), 1 for any other value."""
-    start = -math.inf if kind == "max" else math.inf
-    code = pointwise(lambda v: L.select(L.isnan(v), L.const(2.0, "float32"),
-                                        L.select(L.equal(v, L.const(start, v.dtype)), L.const(0.0, "float32"),
-                                                 L.const(1.0, "float32"))),
-                     [x], "float32", node.name + "_class")
-    worst = reduce(node.kb, code, axes, "max", keepdims, "float32", node.name + "_worst")
-    return pointwise(lambda m, w: L.select(L.greater(w, L.const(1.5, w.dtype)), L.const(math.nan, m.dtype),
-                                           L.select(L.less(w, L.const(0.5, w.dtype)), L.const(start, m.dtype), m)),
-                     [out, worst], out.dtype, node.name)
+def _float_extremum(node: OpNode, kind: str, x: TensorValue, axes, keepdims: bool) -> TensorValue:
+    """The max (min) of floats as PyTorch has it, in one integer reduction over ``ordered_key``.
+
+    TVM's float max reducer (the one rfactor knows) skips NaN, which PyTorch propagates, and
+    starts from the most extreme finite value (a max over a row all -inf, a fully masked row of
+    attention scores, gave -3.4e38). The keys order as the floats do, with NaN beyond every
+    value, so their max is the answer. The correction it replaces, a second reduction over a
+    class of each element, cost softmax by hand 24% (2048 x 1024: 0.329 ms against 0.267 ms
+    without it, Zen 4)."""
+    if any(x.shape[a] == 0 for a in axes):  # the identity, -inf (inf), which no key's reduction starts from
+        return reduce(node.kb, x, axes, kind, keepdims, node.out_dtype, node.name)
+    float_type = _key_float(x.dtype)
+    keys = pointwise(lambda v: ordered_key(L.cast(v, float_type), kind), [x], _KEYS[float_type][0],
+                     node.name + "_key")
+    best = reduce(node.kb, keys, axes, kind, keepdims, keys.dtype, node.name + "_keys")
+    return pointwise(lambda k: float_of_key(k, float_type), [best], node.out_dtype, node.name)
+
+
+# float -> (the integer of its width, that integer's largest value)
+_KEYS = {"float32": ("int32", 0x7FFFFFFF), "float64": ("int64", 0x7FFFFFFFFFFFFFFF)}
+
+
+def _key_float(dtype: str) -> str:
+    """The float the keys of ``dtype`` are made from (half precision: float32, which holds it)."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def ordered_key(v: L.LoopExpr, kind: str) -> L.LoopExpr:
+    """An integer that orders as the float ``v`` does, NaN beyond every value (above for a max,
+    below for a min): a negative float's bits count down as it grows, so all but the sign bit
+    are flipped; -0.0 falls just below 0.0."""
+    int_type, top = _KEYS[v.dtype]
+    bits = L.reinterpret(v, int_type)
+    key = L.select(L.less(bits, L.const(0, int_type)), L.bitwise_xor(bits, L.const(top, int_type)), bits)
+    return L.select(L.isnan(v), L.const(top if kind == "max" else -top - 1, int_type), key)
+
+
+def float_of_key(k: L.LoopExpr, float_type: str) -> L.LoopExpr:
+    """The float whose ``ordered_key`` is ``k`` (NaN's key gives a NaN)."""
+    int_type, top = _KEYS[float_type]
+    bits = L.select(L.less(k, L.const(0, int_type)), L.bitwise_xor(k, L.const(top, int_type)), k)
+    return L.reinterpret(bits, float_type)
 
 
 # ---- gradients: the output's adjoint, reduced dims kept, broadcast back over the input
@@ -188,11 +213,17 @@ def _topk(node: OpNode) -> TensorValue | list[TensorValue]:
     def at(idx, k):
         return [k if d == axis else i for d, i in enumerate(idx)]
 
-    values = on_first_load(node.kb, reduction(shape, [n], lambda idx, ks: x.load(at(idx, ks[0])), kind,
-                                              L.compute_dtype(x.dtype), node.name + "_values"), node.name + "_values")
-    values = cast_like(values, x.dtype)
     if L.is_float(x.dtype):  # a NaN in the row is the row's max (min), at its first index, as in PyTorch
-        values = _nan_and_infinity(node, kind, x, [axis], True, values)
+        float_type = _key_float(x.dtype)
+        keys = on_first_load(node.kb, reduction(
+            shape, [n], lambda idx, ks: ordered_key(L.cast(x.load(at(idx, ks[0])), float_type), kind), kind,
+            _KEYS[float_type][0], node.name + "_keys"), node.name + "_keys")
+        values = pointwise(lambda k: float_of_key(k, float_type), [keys], x.dtype, node.name + "_values")
+    else:
+        values = on_first_load(node.kb, reduction(shape, [n], lambda idx, ks: x.load(at(idx, ks[0])), kind,
+                                                  L.compute_dtype(x.dtype), node.name + "_values"),
+                               node.name + "_values")
+        values = cast_like(values, x.dtype)
     index_dtype = str(node.attr("dtype", "int64"))
 
     def first_index(idx, ks):
