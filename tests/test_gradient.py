@@ -227,6 +227,7 @@ CASES = {
     "matmul_vector_right": (lambda a, b: op.matmul(a, b), [(2, 3, 4), (4,)], False, True),
     "permute_dims": (lambda a: op.permute_dims(a, [2, 0, 1]), [(2, 3, 4)], False, True),
     "permute_dims_reverse": (lambda a: op.permute_dims(a), [(2, 3, 4)], False, True),
+    "flip": (lambda a: op.flip(a, 1), [(2, 3, 4)], False, False),
     "layout_transform": (lambda a: op.layout_transform(a, index_map=lambda n, c, h, w: (n, c // 2, h, w, c % 2)),
                          [(1, 4, 2, 3)], False, False),
     "reshape": (lambda a: op.reshape(a, (3, 2)), [(2, 3)], False, True),

@@ -239,6 +239,10 @@ CASES.append(Case("relax.squeeze", lambda x: R.squeeze(x, [1]), normal(), lambda
                   EXACT, shapes=_fixed((3, 1, 4))))
 CASES.append(Case("relax.permute_dims", lambda x: R.permute_dims(x, [2, 0, 1]), normal(),
                   lambda x: x.transpose(2, 0, 1), EXACT, shapes=_reduce_shapes))
+CASES.append(Case("relax.flip", lambda x: R.flip(x, -1), normal(), lambda x: np.flip(x, -1), EXACT,
+                  shapes=_fixed((3, 4, 5)), id="last axis"))
+CASES.append(Case("relax.flip", lambda x: R.flip(x, 0), normal(), lambda x: np.flip(x, 0), EXACT,
+                  shapes=_fixed((3, 4, 5)), id="first axis"))
 CASES.append(Case("relax.layout_transform",
                   lambda x: R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4)), normal(),
                   lambda x: x.reshape(2, 2, 4, 3, 5).transpose(0, 1, 3, 4, 2), EXACT, shapes=_fixed((2, 8, 3, 5)),

@@ -124,6 +124,17 @@ def _permute_dims(node: OpNode) -> TensorValue:
     return lw.permute(node.args[0], None if axes is None else [int(a) for a in axes])
 
 
+@register_op("relax.flip", OpPattern.INJECTIVE, gradient=lambda call, y, g, bb: [relax.op.flip(g, call.attrs.axis)],
+             fold=lambda a, c: np.flip(a, int(c.attrs.axis)).copy())
+def _flip(node: OpNode) -> TensorValue:
+    """Reversed along one axis: element i reads element n - 1 - i (TVM's kernel of it ran unscheduled:
+    `x.flip(-1) + 1` over 2048 x 1024 took 2.3 ms as two kernels, eager 0.38)."""
+    x = node.args[0]
+    axis = int(node.attr("axis")) % x.ndim
+    last = x.shape[axis] - 1
+    return lw.view(x, x.shape, lambda idx: [last - i if d == axis else i for d, i in enumerate(idx)], node.name)
+
+
 def _grad_layout_transform(call, y, g, bb):
     """The inverse map on the adjoint."""
     shape = shape_of(call.args[0])
