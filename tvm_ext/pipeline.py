@@ -19,7 +19,7 @@ from relay_passes.pack_weights import PackMatmulWeights
 from relay_passes.place_device import PlaceDevice
 from relay_passes.plan_memory import PlanMemory
 from relay_passes.conv_layout import BlockConvLayout
-from relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
+from relay_passes.conv_as_conv2d import ConvAsConv2d
 from relay_passes.simplify import EliminateCommonSubexprAroundWeights, FoldTupleGetItem, FoldWeightLayout
 from relay_passes.sigmoid_gate import SigmoidGate
 from relay_passes.tanh_softplus import TanhSoftplus
@@ -110,8 +110,8 @@ class Pipeline:
         """Normalize the imported module: dataflow blocks, folded constants, canonical bindings."""
         check_dtypes(mod)
         blocked = [BlockConvLayout(registry=self.registry)] if self.block_conv and self.fusion != "tvm" else []
-        if self.fusion != "tvm":  # our conv2d lowering takes conv1d too
-            blocked.insert(0, Conv1dAsConv2d())
+        if self.fusion != "tvm":  # our conv2d lowering takes conv1d and conv2d_transpose too
+            blocked.insert(0, ConvAsConv2d())
         algebra = [] if self.exact_math else [TanhSoftplus(), SigmoidGate()]  # exact math: the model's ops
         seq = [relax.transform.ConvertToDataflow(), *self.passes, *blocked, FoldWeightLayout(self.registry), FoldTupleGetItem(),
                *algebra, relax.transform.CanonicalizeBindings(), EliminateCommonSubexprAroundWeights(),
