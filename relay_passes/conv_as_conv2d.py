@@ -5,18 +5,26 @@
   weight gain a unit axis (``reshape``, a view; a constant weight's is folded by
   ``FoldWeightLayout``), the stride, padding and dilation go to the width, and the result drops
   the axis again. ``nn.Conv1d(64, 64, 3, padding=1)`` over 8 x 64 x 512: 38 ms as called,
-  0.56 ms since (eager PyTorch 0.64).
-- A transposed convolution (a constant IOHW weight) is a stride-1 convolution of the data with
-  ``stride - 1`` zeros between its elements, padded by ``dilation * (k - 1) - padding`` (plus
-  ``output_padding`` after), with the weight flipped in both axes and its in and out channels
-  swapped within each group, once at compile time. The zeros cost stride^2 times the
-  multiply-adds, which our kernel still does faster than TVM's kernel did the real ones:
-  ``nn.ConvTranspose2d(32, 16, 2, stride=2)`` over 4 x 32 x 28 x 28 took 16.6 ms as called.
+  0.51-0.56 ms since (eager PyTorch 0.57-0.64).
+- A transposed convolution of a constant IOHW weight (TVM's kernel: 16.6 ms as called for
+  ``nn.ConvTranspose2d(32, 16, 2, stride=2)`` over 4 x 32 x 28 x 28, eager 0.26-0.36) becomes,
+  whichever applies first:
+  - one matmul when its stride is its kernel (no padding, no groups): each input pixel writes
+    its own patch (``_patches``; that module 0.12 ms as called);
+  - one conv2d whose output channels are the output's phases, pixel-shuffled into place
+    (``_phases``; no dilation, no groups): DCGAN's ``ConvTranspose2d(64, 32, 4, 2, 1)`` over
+    4 x 64 x 28 x 28 2.1 ms as called, eager 2.7;
+  - otherwise a stride-1 conv2d of the data with ``stride - 1`` zeros between its elements,
+    padded by ``dilation * (k - 1) - padding`` (plus ``output_padding`` after), with the weight
+    flipped in both axes and its in and out channels swapped within each group: stride^2 times
+    the multiply-adds (that DCGAN layer 3.7 ms this way).
+  The weights are rearranged once, at compile time.
 
 Runs before ``BlockConvLayout``, which then blocks the channels as for any conv2d.
 """
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import PatternMatchingRewriter, is_op, wildcard
@@ -68,6 +76,8 @@ def _transposed_as_conv2d(expr: relax.Call, matches: dict) -> relax.Expr:
     oh, ow = (int(v) for v in attrs.output_padding)
     if (sh, sw) == (kh, kw) and (dh, dw) == (1, 1) and groups == 1 and not any((pt, pl, pb, pr, oh, ow)):
         return _patches(x, w, n, c, h, wd, og, kh, kw)
+    if (dh, dw) == (1, 1) and groups == 1:
+        return _phases(x, w, (n, c, h, wd), (sh, sw), (pt, pl), y_shape, attrs.out_dtype)
     # the data with stride - 1 zeros after each element along H and W: (H * sh, W * sw)
     spread = relax.op.reshape(x, (n, c, h, 1, wd, 1))
     spread = relax.op.nn.pad(spread, [0, 0, 0, 0, 0, 0, 0, sh - 1, 0, 0, 0, sw - 1])
@@ -88,6 +98,39 @@ def _transposed_as_conv2d(expr: relax.Call, matches: dict) -> relax.Expr:
     return y
 
 
+def _phases(x, w, x_shape, strides, crop, y_shape, out_dtype) -> relax.Expr:
+    """A transposed convolution as one conv2d per output phase, all in one: along an axis,
+    output t with t + crop = q s + r is sum_j x[q - j] w[r + j s], a correlation of the data
+    (padded by J - 1 before, J = ceil(k / s)) with the phase's taps reversed. The phases are
+    output channels (o, r_h, r_w) of one conv2d of J_h x J_w taps over the data itself, pixel-
+    shuffled into place and cropped: no multiply-add by a spread zero."""
+    n, c, h, wd = x_shape
+    data = constant_data(w)  # (C, O, kh, kw)
+    o, k = data.shape[1], data.shape[2:]
+    taps = [-(-kk // ss) for kk, ss in zip(k, strides)]  # J per axis
+    rows = [(t - 1 + p) // ss + 1 for t, p, ss in zip(y_shape[2:], crop, strides)]  # Q: phase outputs
+    weight = np.zeros((o, strides[0], strides[1], c, taps[0], taps[1]), data.dtype)
+    for rh in range(strides[0]):
+        for mh in range(taps[0]):
+            ky = rh + (taps[0] - 1 - mh) * strides[0]
+            for rw in range(strides[1]):
+                for mw in range(taps[1]):
+                    kx = rw + (taps[1] - 1 - mw) * strides[1]
+                    if ky < k[0] and kx < k[1]:
+                        weight[:, rh, rw, :, mh, mw] = data[:, :, ky, kx].T
+    weight = relax.const(new_constant_data(weight.reshape(o * strides[0] * strides[1], c, taps[0], taps[1])),
+                         str(w.ty.dtype))
+    after = [max(0, q - size) for q, size in zip(rows, (h, wd))]
+    z = relax.op.nn.conv2d(x, weight, padding=(taps[0] - 1, taps[1] - 1, after[0], after[1]),
+                           out_dtype=out_dtype if out_dtype else None)
+    if [h + a for a, h in zip(after, (h, wd))] != rows:  # more phase outputs than the crop keeps
+        z = relax.op.strided_slice(z, [2, 3], [0, 0], rows)
+    z = relax.op.reshape(z, (n, o, strides[0], strides[1], rows[0], rows[1]))
+    u = relax.op.reshape(relax.op.permute_dims(z, [0, 1, 4, 2, 5, 3]),
+                         (n, o, rows[0] * strides[0], rows[1] * strides[1]))
+    return relax.op.strided_slice(u, [2, 3], list(crop), [p + t for p, t in zip(crop, y_shape[2:])])
+
+
 def _patches(x, w, n, c, h, wd, o, kh, kw) -> relax.Expr:
     """A transposed convolution whose stride is its kernel (no padding): each input pixel
     writes its own kh x kw patch of the output, so it is one matmul, (pixels, C) x (C, O kh kw),
@@ -101,8 +144,8 @@ def _patches(x, w, n, c, h, wd, o, kh, kw) -> relax.Expr:
 @tvm.ir.transform.module_pass(opt_level=0, name="ConvAsConv2d")
 class ConvAsConv2d:
     """Rewrite every static NCW/OIW ``nn.conv1d`` into reshape -> ``nn.conv2d`` -> reshape, and
-    every static NCHW ``nn.conv2d_transpose`` of a constant IOHW weight into a ``nn.conv2d`` of
-    the zero-spread data."""
+    every static NCHW ``nn.conv2d_transpose`` of a constant IOHW weight into a matmul or a
+    ``nn.conv2d`` (see the module's note)."""
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         mod = PatternMatchingRewriter.from_pattern(is_op("relax.nn.conv1d")(wildcard(), wildcard()),

@@ -72,22 +72,43 @@ def _ops(mod):
     return [c.op.name for c in _calls(mod) if isinstance(c.op, tvm.ir.Op)]
 
 
-def test_a_transposed_conv_becomes_a_conv2d_of_the_zero_spread_data_with_the_flipped_swapped_weight():
-    # x (1, 2, 3, 3), w (2, 3, 3, 3) IOHW, stride 2, padding 1, output_padding 1: the data spread
-    # to 6 x 6 (a zero after each element), padded 2 - 1 = 1 before and 2 - 1 + 1 - 1 = 1 after
-    # (the spread's own trailing zero counts), so a 3x3 stride-1 conv2d gives (3 - 1) * 2 - 2 + 2
-    # + 1 + 1 = 6 rows
+def test_a_strided_transposed_conv_becomes_one_conv2d_per_output_phase_pixel_shuffled():
+    # x (1, 2, 3, 3), w (2, 3, 3, 3) IOHW, stride 2, padding 1, output_padding 1: 6 x 6 out.
+    # J = ceil(3 / 2) = 2 taps a phase, Q = (6 - 1 + 1) // 2 + 1 = 4 outputs a phase, so the data
+    # is padded 1 before and 4 - 3 = 1 after; 3 x 2 x 2 = 12 output channels (o, r_h, r_w); the
+    # 8 x 8 shuffle is cropped to [1, 7). Phase (0, 0) reads taps 2 and 0 (t + 1 = 2q), phase
+    # (1, 1) tap 1 only.
     w = np.arange(54, dtype="float32").reshape(2, 3, 3, 3)
     mod = build_module(lambda x: R.nn.conv2d_transpose(x, relax.const(w), strides=2, padding=1, output_padding=1),
                        [((1, 2, 3, 3), "float32")])
     out = ConvAsConv2d()(mod)
-    assert _ops(out) == ["relax.reshape", "relax.nn.pad", "relax.reshape", "relax.nn.conv2d"]
+    assert _ops(out) == ["relax.nn.conv2d", "relax.reshape", "relax.permute_dims", "relax.reshape",
+                         "relax.strided_slice"]
     conv = next(c for c in _calls(out) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.conv2d")
     assert [int(v) for v in conv.attrs.strides] == [1, 1]
     assert [int(v) for v in conv.attrs.padding] == [1, 1, 1, 1]
+    g = conv.args[1].value.numpy().reshape(3, 2, 2, 2, 2, 2)  # (o, r_h, r_w, c, m_h, m_w)
+    np.testing.assert_array_equal(g[:, 0, 0, :, 0, 0], w[:, :, 2, 2].T)
+    np.testing.assert_array_equal(g[:, 0, 0, :, 1, 1], w[:, :, 0, 0].T)
+    np.testing.assert_array_equal(g[:, 1, 1, :, 1, 1], w[:, :, 1, 1].T)
+    assert not g[:, 1, 1, :, 0, :].any() and not g[:, 1, 1, :, :, 0].any()  # tap 3 is past the kernel
+    assert [int(d) for d in out["main"].ret_ty.shape.values] == [1, 3, 6, 6]
+
+
+def test_a_dilated_transposed_conv_becomes_a_conv2d_of_the_zero_spread_data_with_the_flipped_weight():
+    # stride 2, dilation 2, padding 1: the data spread to 6 x 6, padded 2 * (3 - 1) - 1 = 3 before
+    # and 3 - 1 = 2 after (the spread's own trailing zero counts): (3 - 1) * 2 - 2 + 4 + 1 = 7 rows
+    w = np.arange(54, dtype="float32").reshape(2, 3, 3, 3)
+    mod = build_module(lambda x: R.nn.conv2d_transpose(x, relax.const(w), strides=2, padding=1, dilation=2),
+                       [((1, 2, 3, 3), "float32")])
+    out = ConvAsConv2d()(mod)
+    assert _ops(out) == ["relax.reshape", "relax.nn.pad", "relax.reshape", "relax.nn.conv2d"]
+    conv = next(c for c in _calls(out) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.conv2d")
+    assert [int(v) for v in conv.attrs.padding] == [3, 3, 2, 2]
+    assert [int(v) for v in conv.attrs.dilation] == [2, 2]
     assert [int(d) for d in conv.args[0].ty.shape.values] == [1, 2, 6, 6]
     np.testing.assert_array_equal(conv.args[1].value.numpy(), w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-    assert [int(d) for d in out["main"].ret_ty.shape.values] == [1, 3, 6, 6]
+    assert [int(d) for d in out["main"].ret_ty.shape.values] == [1, 3, 7, 7]
 
 
 def test_a_transposed_conv_whose_stride_is_its_kernel_becomes_one_matmul():
@@ -103,7 +124,10 @@ def test_a_transposed_conv_whose_stride_is_its_kernel_becomes_one_matmul():
     (17, 8, 4, 2, 1, 0, 1, 1),  # DCGAN's upsampling
     (32, 16, 2, 2, 0, 0, 1, 1),  # U-Net's: one matmul
     (8, 6, 3, 1, 1, 0, 2, 2),  # dilated, grouped
-    (4, 4, 3, 2, 3, 0, 1, 1),  # padding beyond the kernel: the spread data is cropped
+    (4, 4, 3, 2, 3, 0, 1, 1),  # padding beyond the kernel: fewer phase outputs than rows
+    (5, 3, 1, 3, 0, 2, 1, 1),  # a kernel smaller than the stride: phases with no tap
+    (6, 4, 3, 2, 2, 1, 2, 1),  # dilated: the zero-spread data
+    (4, 6, 5, 3, 4, 0, 2, 1),  # dilated, padding beyond the spread's: cropped
 ])
 def test_transposed_conv_modules_compile_to_our_kernels_and_agree_with_pytorch(cin, cout, k, stride, padding,
                                                                                output_padding, dilation, groups):
