@@ -31,7 +31,8 @@ class ScheduleKernels:
     """Give every PrimFunc that FuseCompile generated the heuristic's ScheduleResult.
 
     ``all_kernels=True`` schedules TVM's own (legalized or FuseTIR-fused) kernels too, after
-    inlining their elementwise intermediate blocks: the "tvm" fusion strategy.
+    inlining their elementwise intermediate blocks: those of the "tvm" fusion strategy, and
+    under ours those of the ops we do not lower.
     """
 
     def __init__(self, machine: Machine | None = None, all_kernels: bool = False, history=None):

@@ -235,6 +235,21 @@ def test_nearest_interpolate_picks_pytorchs_rows_and_columns(kw):
     np.testing.assert_array_equal(tvm_ext.compile(module, (x,), strict=True)(x.numpy()), module(x).numpy())
 
 
+class _Bilinear(nn.Module):
+    def forward(self, x):
+        return nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+
+def test_a_kernel_left_to_tvm_gets_our_schedule_and_agrees_with_pytorch():
+    # resize2d has no lowering of ours: TVM's kernel of it ran one scalar loop nest on one core
+    # (4x64x28x28: 1.7 ms; scheduled 0.77, eager 0.84)
+    x = torch.randn(2, 3, 5, 7)
+    compiled = tvm_ext.compile(_Bilinear(), (x,))
+    (kernel,) = compiled.report().kernels
+    assert kernel.source == "tvm" and kernel.schedule  # the heuristic's schedule, named
+    np.testing.assert_allclose(compiled(x.numpy()), _Bilinear()(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 class _GridSample(nn.Module):
     def __init__(self, mode, padding, align):
         super().__init__()
