@@ -1079,3 +1079,17 @@ def test_a_row_no_vector_divides_takes_a_wide_vector_where_its_arithmetic_bounds
     np.testing.assert_allclose(got, 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2))), rtol=1e-4, atol=1e-5)
     (got,) = _run(plain.func, [x, *gamma_beta], [(16, 900)])
     np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-5)
+
+
+def test_a_tvm_kernel_that_calls_what_has_no_vector_form_keeps_tvms_loops():
+    # sinh has no lowering of ours and TVM's kernel of it calls tirx.sinh, which LLVM cannot
+    # vectorize (scheduled, the build failed): it stays as TVM made it, the reason recorded
+    from tvm_ext.pipeline import Pipeline
+    mod = build_module(lambda x: relax.op.sinh(x), [((64, 32), "float32")])
+    pipeline = Pipeline(fusion="none")
+    compiled = pipeline.run(mod)
+    (kernel,) = compiled.report().kernels
+    assert kernel.source == "tvm" and not kernel.schedule
+    assert "tirx.sinh" in dict(pipeline.scheduler.fallbacks)[kernel.name]
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype("float32")
+    np.testing.assert_allclose(compiled(x), np.sinh(x), rtol=1e-5)
