@@ -250,6 +250,22 @@ def test_a_kernel_left_to_tvm_gets_our_schedule_and_agrees_with_pytorch():
     np.testing.assert_allclose(compiled(x.numpy()), _Bilinear()(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("affine", [False, True])
+def test_instance_norm_is_one_kernel_of_ours_and_agrees_with_pytorch(affine):
+    # a group norm of a group per channel; the affine weight, tiled over the batch, folds
+    torch.manual_seed(0)
+    module = nn.InstanceNorm2d(17, affine=affine).eval()
+    if affine:
+        with torch.no_grad():
+            module.weight.normal_()
+            module.bias.normal_()
+    x = torch.randn(3, 17, 9, 11) * 3 + 1
+    compiled = tvm_ext.compile(module, (x,), strict=True)
+    assert [k.source for k in compiled.report().kernels] == ["ours"]
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), module(x).numpy(), rtol=1e-5, atol=2e-6)
+
+
 class _GridSample(nn.Module):
     def __init__(self, mode, padding, align):
         super().__init__()

@@ -239,6 +239,8 @@ CASES.append(Case("relax.squeeze", lambda x: R.squeeze(x, [1]), normal(), lambda
                   EXACT, shapes=_fixed((3, 1, 4))))
 CASES.append(Case("relax.permute_dims", lambda x: R.permute_dims(x, [2, 0, 1]), normal(),
                   lambda x: x.transpose(2, 0, 1), EXACT, shapes=_reduce_shapes))
+CASES.append(Case("relax.tile", lambda x: R.tile(x, (2, 1, 3)), normal(), lambda x: np.tile(x, (2, 1, 3)), EXACT,
+                  shapes=_fixed((3, 4))))
 CASES.append(Case("relax.flip", lambda x: R.flip(x, -1), normal(), lambda x: np.flip(x, -1), EXACT,
                   shapes=_fixed((3, 4, 5)), id="last axis"))
 CASES.append(Case("relax.flip", lambda x: R.flip(x, 0), normal(), lambda x: np.flip(x, 0), EXACT,
@@ -309,6 +311,9 @@ CASES.append(Case("relax.nn.group_norm", lambda x, g, b: R.nn.group_norm(x, g, b
                   normal(scale=2.0, shift=1.0),
                   lambda x, g, b: _group_norm(x, np.ones_like(g), np.zeros_like(b), 2), REDUCE,
                   shapes=_fixed((2, 6, 3, 5), (6,), (6,)), arity=3, id="no gamma, no beta"))
+CASES.append(Case("relax.nn.instance_norm", lambda x, g, b: R.nn.instance_norm(x, g, b, 1, [2, 3]),
+                  normal(scale=2.0, shift=1.0), lambda x, g, b: _group_norm(x, g, b, x.shape[1]), REDUCE,
+                  shapes=_fixed((2, 5, 6, 7), (5,), (5,)), arity=3))
 CASES.append(Case("relax.nn.rms_norm", lambda x, w: R.nn.rms_norm(x, w, axes=[-1]), normal(),
                   lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w, REDUCE,
                   shapes=_fixed((4, 7, 64), (64,)), arity=2))

@@ -135,6 +135,17 @@ def _flip(node: OpNode) -> TensorValue:
     return lw.view(x, x.shape, lambda idx: [last - i if d == axis else i for d, i in enumerate(idx)], node.name)
 
 
+@register_op("relax.tile", OpPattern.INJECTIVE, fold=lambda a, c: np.tile(a, [int(r) for r in c.attrs.repeats]))
+def _tile(node: OpNode) -> TensorValue:
+    """numpy's tile: the input's axes align with the output's last ones, each read modulo its
+    size (InstanceNorm's weight tiled over the batch was two TVM kernels a call)."""
+    x = node.args[0]
+    out = tuple(int(d) for d in node.out_shape)
+    lead = len(out) - x.ndim
+    return lw.view(x, out, lambda idx: [idx[lead + d] % n if n > 1 else 0 for d, n in enumerate(x.shape)],
+                   node.name)
+
+
 def _grad_layout_transform(call, y, g, bb):
     """The inverse map on the adjoint."""
     shape = shape_of(call.args[0])
