@@ -75,7 +75,7 @@ def _transposed_as_conv2d(expr: relax.Call, matches: dict) -> relax.Expr:
     pt, pl, pb, pr = (int(v) for v in attrs.padding)
     oh, ow = (int(v) for v in attrs.output_padding)
     if (sh, sw) == (kh, kw) and (dh, dw) == (1, 1) and groups == 1 and not any((pt, pl, pb, pr, oh, ow)):
-        return _patches(x, w, n, c, h, wd, og, kh, kw)
+        return _patches(x, w, n, c, h, wd, og, kh, kw, attrs.out_dtype)
     if (dh, dw) == (1, 1) and groups == 1:
         return _phases(x, w, (n, c, h, wd), (sh, sw), (pt, pl), y_shape, attrs.out_dtype)
     # the data with stride - 1 zeros after each element along H and W: (H * sh, W * sw)
@@ -93,9 +93,9 @@ def _transposed_as_conv2d(expr: relax.Call, matches: dict) -> relax.Expr:
     data = constant_data(w).reshape(groups, ci // groups, og, kh, kw).transpose(0, 2, 1, 3, 4)
     weight = relax.const(new_constant_data(data.reshape(groups * og, ci // groups, kh, kw)[:, :, ::-1, ::-1]),
                          str(w.ty.dtype))
-    y = relax.op.nn.conv2d(spread, weight, strides=1, padding=(max(0, top), max(0, left), max(0, bottom), max(0, right)),
-                           dilation=(dh, dw), groups=groups, out_dtype=attrs.out_dtype if attrs.out_dtype else None)
-    return y
+    return relax.op.nn.conv2d(spread, weight, strides=1,
+                              padding=(max(0, top), max(0, left), max(0, bottom), max(0, right)),
+                              dilation=(dh, dw), groups=groups, out_dtype=attrs.out_dtype if attrs.out_dtype else None)
 
 
 def _phases(x, w, x_shape, strides, crop, y_shape, out_dtype) -> relax.Expr:
@@ -123,7 +123,7 @@ def _phases(x, w, x_shape, strides, crop, y_shape, out_dtype) -> relax.Expr:
     after = [max(0, q - size) for q, size in zip(rows, (h, wd))]
     z = relax.op.nn.conv2d(x, weight, padding=(taps[0] - 1, taps[1] - 1, after[0], after[1]),
                            out_dtype=out_dtype if out_dtype else None)
-    if [h + a for a, h in zip(after, (h, wd))] != rows:  # more phase outputs than the crop keeps
+    if [size + a for a, size in zip(after, (h, wd))] != rows:  # more phase outputs than the crop keeps
         z = relax.op.strided_slice(z, [2, 3], [0, 0], rows)
     z = relax.op.reshape(z, (n, o, strides[0], strides[1], rows[0], rows[1]))
     u = relax.op.reshape(relax.op.permute_dims(z, [0, 1, 4, 2, 5, 3]),
@@ -131,13 +131,14 @@ def _phases(x, w, x_shape, strides, crop, y_shape, out_dtype) -> relax.Expr:
     return relax.op.strided_slice(u, [2, 3], list(crop), [p + t for p, t in zip(crop, y_shape[2:])])
 
 
-def _patches(x, w, n, c, h, wd, o, kh, kw) -> relax.Expr:
+def _patches(x, w, n, c, h, wd, o, kh, kw, out_dtype) -> relax.Expr:
     """A transposed convolution whose stride is its kernel (no padding): each input pixel
     writes its own kh x kw patch of the output, so it is one matmul, (pixels, C) x (C, O kh kw),
     whose columns are laid out as the patches."""
     pixels = relax.op.reshape(relax.op.permute_dims(x, [0, 2, 3, 1]), (n * h * wd, c))
     weight = relax.const(new_constant_data(constant_data(w).reshape(c, o * kh * kw)), str(w.ty.dtype))
-    y = relax.op.reshape(relax.op.matmul(pixels, weight), (n, h, wd, o, kh, kw))
+    y = relax.op.reshape(relax.op.matmul(pixels, weight, out_dtype=out_dtype if out_dtype else None),
+                         (n, h, wd, o, kh, kw))
     return relax.op.reshape(relax.op.permute_dims(y, [0, 3, 1, 4, 2, 5]), (n, o, h * kh, wd * kw))
 
 

@@ -40,7 +40,8 @@ class ScheduleKernels:
         self.machine = machine
         self.all_kernels = all_kernels
         self.history = history  # an ApplyHistoryBest: tuned schedules take precedence
-        self.fallbacks: list[tuple[str, str]] = []  # (kernel, why its record did not apply or TVM's kernel stays unscheduled)
+        # (kernel, why its tuning record did not apply, or why TVM's kernel keeps its loops)
+        self.fallbacks: list[tuple[str, str]] = []
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         machine = self.machine or Machine()
