@@ -19,7 +19,9 @@ first: ours (the import, torch.export and TVM's importer, given apart from each 
 compile: a user's ``tvm_ext.compile(module, (x,))`` pays both; the compile is timed up to its
 first call's result), ``torch.compile``'s first call with empty Inductor caches (each model's in
 a fresh cache directory, with Inductor's in-memory caches cleared: ``fresh_cache``), ORT's export and
-session, each right after a full collection of Python's cycle collector (``collected``). Our call
+session, each right after a full collection of Python's cycle collector (``collected``); ours and
+torch.compile's are the median of ``--compile-samples`` compiles from scratch (Dynamo reset, caches
+empty), ORT's one. Our call
 and its kernels are measured A B B A within a round. All use the same
 threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads). Every time is the median of ``--repeat``
 measurements (each ~20 ms of calls), taken in rounds that time every system once, so that a slow
@@ -228,27 +230,39 @@ def collected() -> None:
 
 
 def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True,
-              tune_trials: int = 0, tuning_db: str | None = None, mcpu: str | None = None) -> dict:
+              tune_trials: int = 0, tuning_db: str | None = None, mcpu: str | None = None,
+              compile_samples: int = 1) -> dict:
+    """One workload's row. Compile times, ours (torch.export and TVM's import, then each
+    strategy's build up to its first result) and torch.compile's first call alike, are the
+    median of ``compile_samples`` compiles from scratch: one sample moved a 0.08 s compile by
+    1.5x between two runs."""
     module, x = workload.make()
     module.eval()
     target = cpu_target(mcpu) if mcpu else tvm_ext.host_target()
-    collected()
-    t0 = time.perf_counter()
-    imported = from_torch(module, (x,))
-    import_s = time.perf_counter() - t0  # torch.export and TVM's importer: part of a user's compile
+    import_samples = []
+    for _ in range(compile_samples):
+        collected()
+        t0 = time.perf_counter()
+        imported = from_torch(module, (x,))
+        import_samples.append(time.perf_counter() - t0)  # torch.export and TVM's importer: part of a user's compile
     xn = x.numpy()
     with torch.no_grad():
         ref = module(x).numpy()
-    row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True, "build_s": {}, "import_s": import_s}
+    row = {"model": name, "ours_ms": {}, "kernels": {}, "ok": True, "build_s": {},
+           "import_s": statistics.median(import_samples), "import_samples": import_samples, "build_samples": {}}
     timers, slow, untuned = {}, set(), {}
     for fusion in fusions:
-        collected()
-        t0 = time.perf_counter()
-        compiled = untuned[fusion] = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
-        first = compiled(xn)
-        # the import apart (it is done once for all); up to the first result, as torch.compile's
-        # first call is timed: work left for a first call would be counted
-        row["build_s"][fusion] = time.perf_counter() - t0
+        samples = []
+        for _ in range(compile_samples):
+            collected()
+            t0 = time.perf_counter()
+            compiled = untuned[fusion] = tvm_ext.compile(imported, target=target, fusion=VARIANTS[fusion]())
+            first = compiled(xn)
+            # the import apart (it is done once for all); up to the first result, as torch.compile's
+            # first call is timed: work left for a first call would be counted
+            samples.append(time.perf_counter() - t0)
+        row["build_s"][fusion] = statistics.median(samples)
+        row["build_samples"][fusion] = samples
         row["ok"] &= bool(np.allclose(first, ref, rtol=1e-3, atol=1e-3))
         # as users call it, numpy in and out; then its kernels alone, in the same slot of the round
         timers[f"ours:{fusion}"] = paired(py_timer(lambda c=compiled: c(xn)), kernel_timer(compiled, xn))
@@ -296,15 +310,21 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
                     graph_ops.extend(getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
                                      if n.op == "call_function")
                     return compile_fx(gm, inputs)
-                compiled_torch = torch.compile(module, backend=inductor)
-                collected()
                 # empty caches for each model: in one cache, softmax_by_hand's first call reused the
                 # kernel compiled for softmax (0.19 s, against 1.32 s from empty caches; Zen 4)
                 from torch._inductor.utils import fresh_cache
-                with fresh_cache():
-                    t0 = time.perf_counter()
-                    compiled_torch(x)
-                    row["torch_compile_build_s"] = time.perf_counter() - t0  # its first call compiles
+                samples = []
+                for _ in range(compile_samples):
+                    torch._dynamo.reset()  # no graph compiled before: each sample compiles from scratch
+                    graph_ops.clear()
+                    compiled_torch = torch.compile(module, backend=inductor)
+                    collected()
+                    with fresh_cache():
+                        t0 = time.perf_counter()
+                        compiled_torch(x)
+                        samples.append(time.perf_counter() - t0)  # its first call compiles
+                row["torch_compile_build_s"] = statistics.median(samples)
+                row["torch_compile_samples"] = samples
                 row["torch_compile_ops"] = graph_ops
                 timers["compile"] = py_timer(lambda: compiled_torch(x))
         ms = interleaved_medians(timers, repeat, frozenset(slow))
@@ -386,6 +406,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tuning-db", default="bench_results/tuning.jsonl", help="records for --tune")
     parser.add_argument("--mcpu", help="build ours (and TVM's) for this LLVM CPU instead of the host's, one the host "
                         "can run: haswell gives AVX2 code on an AVX-512 host")
+    parser.add_argument("--compile-samples", type=int, default=0, metavar="N",
+                        help="compiles from scratch per compile time, ours and torch.compile's (median; default 3, quick 1)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(THREADS))
@@ -402,6 +424,7 @@ def main(argv=None) -> int:
         print(f"unknown fusion {bad}; choose from {list(VARIANTS)}", file=sys.stderr)
         return 2
     repeat = args.repeat or (3 if args.quick else 9)
+    compile_samples = args.compile_samples or (1 if args.quick else 3)
     print(f"threads {THREADS}, repeat {repeat}, torch {torch.__version__}, tvm {tvm.__version__}"
           + (f", ours built for mcpu={args.mcpu}" if args.mcpu else ""))
     cols = " ".join(f"{f[:9]:>9s}" for f in fusions)
@@ -414,7 +437,7 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         row = bench_one(name, table[name], repeat, fusions, not args.no_torch_compile, not args.no_onnxruntime,
-                        args.tune, args.tuning_db, args.mcpu)
+                        args.tune, args.tuning_db, args.mcpu, compile_samples)
         rows.append(row)
         ours = " ".join(f"{row['ours_ms'][f]:9.3f}" for f in fusions)
         kernels = "/".join(str(row["kernels"][f]) for f in fusions) + f"/{row['tvm_fused_kernels']}"
@@ -455,7 +478,8 @@ def main(argv=None) -> int:
                  f"geomean {geo('rebuilt_vs_untuned'):.2f}x" if control else ""))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": int(THREADS), "repeat": repeat, "fusions": fusions, "tune_trials": args.tune, "mcpu": args.mcpu,
+            json.dump({"threads": int(THREADS), "repeat": repeat, "compile_samples": compile_samples,
+                       "fusions": fusions, "tune_trials": args.tune, "mcpu": args.mcpu,
                        "rows": rows, "geomean_vs_tvm": per_fusion}, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1
 
