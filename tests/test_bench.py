@@ -101,19 +101,15 @@ def test_each_timed_compile_starts_right_after_a_full_collection(monkeypatch):
                 assert events[i - 1] == "collected", events
 
 
-def test_each_models_torch_compile_first_call_starts_from_empty_caches(monkeypatch):
-    """torch.compile's first call, which compiles, runs inside Inductor's ``fresh_cache`` (a new
-    cache directory, in-memory caches cleared): in one shared cache softmax_by_hand's first call
-    reused softmax's kernel. Its later, timed calls run outside."""
+def _fake_torch_compile(monkeypatch, events: list, medians) -> object:
+    """The bench module, with torch.compile, Inductor's ``fresh_cache``, Dynamo's reset and the
+    rounds replaced by fakes that log to ``events`` (the compiled module logs each call)."""
     import contextlib
 
     import torch
     import torch._inductor.utils as inductor_utils
     sys.path.insert(0, str(BENCH.parent))
     import run
-    from models import workloads
-
-    events = []
 
     @contextlib.contextmanager
     def fresh_cache():
@@ -122,13 +118,27 @@ def test_each_models_torch_compile_first_call_starts_from_empty_caches(monkeypat
         events.append("exit")
 
     def fake_compile(module, backend=None):
+        events.append("compile")
         return lambda x: (events.append("call"), module(x))[1]
     monkeypatch.setattr(inductor_utils, "fresh_cache", fresh_cache)
     monkeypatch.setattr(torch, "compile", fake_compile)
-    monkeypatch.setattr(run, "interleaved_medians", lambda timers, *a, **k: (
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+    monkeypatch.setattr(run, "interleaved_medians", medians)
+    return run
+
+
+def test_each_models_torch_compile_first_call_starts_from_empty_caches(monkeypatch):
+    """torch.compile's first call, which compiles, runs inside Inductor's ``fresh_cache`` (a new
+    cache directory, in-memory caches cleared): in one shared cache softmax_by_hand's first call
+    reused softmax's kernel. Its later, timed calls run outside."""
+    from models import workloads
+
+    events = []
+    run = _fake_torch_compile(monkeypatch, events, lambda timers, *a, **k: (
         timers["compile"](), {n: (1.0, 1.0, 1.0) if n.startswith("ours") else 1.0 for n in timers})[1])
     row = run.bench_one("softmax", workloads(quick=True)["softmax"], 1, ["autofuse"], with_compile=True)
-    assert events[:3] == ["enter", "call", "exit"] and events[3:] and set(events[3:]) == {"call"}, events
+    assert events[:5] == ["reset", "compile", "enter", "call", "exit"], events
+    assert set(events[5:]) == {"call"} and events[5:], events
     assert row["torch_compile_build_s"] > 0
 
 
@@ -151,29 +161,10 @@ def test_compile_times_are_the_median_of_compiles_from_scratch(monkeypatch):
     """``compile_samples`` compiles each, ours (import and build) and torch.compile's first
     call (Dynamo reset, caches empty, a new compiled module each time): one sample moved a
     0.08 s compile by 1.5x between two runs."""
-    import contextlib
-
-    import torch
-    import torch._inductor.utils as inductor_utils
-    sys.path.insert(0, str(BENCH.parent))
-    import run
     from models import workloads
 
     events = []
-
-    @contextlib.contextmanager
-    def fresh_cache():
-        events.append("enter")
-        yield
-        events.append("exit")
-
-    def fake_compile(module, backend=None):
-        events.append("compile")
-        return lambda x: (events.append("call"), module(x))[1]
-    monkeypatch.setattr(inductor_utils, "fresh_cache", fresh_cache)
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
-    monkeypatch.setattr(run, "interleaved_medians", lambda timers, *a, **k: (
+    run = _fake_torch_compile(monkeypatch, events, lambda timers, *a, **k: (
         {n: (1.0, 1.0, 1.0) if n.startswith("ours") else 1.0 for n in timers}))
     row = run.bench_one("softmax", workloads(quick=True)["softmax"], 1, ["autofuse"], with_compile=True,
                         with_ort=False, compile_samples=3)
