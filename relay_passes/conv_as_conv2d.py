@@ -29,15 +29,13 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import PatternMatchingRewriter, is_op, wildcard
 
+from relay_passes.conv_layout import tensor_dims
 from relay_passes.simplify import constant_data, new_constant_data
 
 
 def _static_shape(expr: relax.Expr) -> list[int] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = list(ty.shape.values)
-    return [int(d) for d in dims] if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
+    dims = tensor_dims(expr.ty)
+    return dims if dims is not None and None not in dims else None
 
 
 def _as_conv2d(expr: relax.Call, matches: dict) -> relax.Expr:

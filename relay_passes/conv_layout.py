@@ -77,7 +77,7 @@ def _convs(mod: tvm.IRModule) -> list[relax.Call]:
     return found
 
 
-def _dims(ty) -> list | None:
+def tensor_dims(ty) -> list | None:
     """Each dim of a tensor type, an int where static, None where symbolic; None for no shape."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
@@ -87,7 +87,7 @@ def _dims(ty) -> list | None:
 def _has_nchw_conv(mod: tvm.IRModule, block: int) -> bool:
     """Whether a float32 NCHW conv2d without groups has channels in whole blocks."""
     for conv in _convs(mod):
-        x, w = (_dims(a.ty) for a in conv.args[:2])
+        x, w = (tensor_dims(a.ty) for a in conv.args[:2])
         if (str(conv.attrs.data_layout) == "NCHW" and int(conv.attrs.groups) == 1 and x and w
                 and str(conv.args[0].ty.dtype) == "float32" and None not in (x[1], w[0])
                 and x[1] % block == 0 and w[0] % block == 0):
@@ -102,7 +102,7 @@ def _splits_a_block(mod: tvm.IRModule, block: int) -> bool:
         groups = int(conv.attrs.groups)
         if groups == 1:
             continue
-        w = _dims(conv.args[1].ty)
+        w = tensor_dims(conv.args[1].ty)
         if w is None or None in w[:2] or (w[1] != 1 and (w[1] % block or (w[0] // groups) % block)):
             return True
     return False
@@ -122,7 +122,7 @@ class _BlockDepthwise(PyExprMutator):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
             return call
         attrs, b = call.attrs, self.block
-        x = _dims(call.args[0].ty)
+        x = tensor_dims(call.args[0].ty)
         weight = bound_constant(self, call.args[1])
         if (str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW"
                 or x is None or x[1] is None or int(attrs.groups) != x[1] or x[1] % b or weight is None
@@ -171,7 +171,7 @@ class _Fence(PyExprMutator):
         """Whether a 4-D argument's channels are no whole blocks (a one-channel attention map
         times a convolution's output): ConvertLayout cannot block it and failed ("Cannot
         broadcast from 5 to 4")."""
-        dims = [_dims(a.ty) for a in call.args if isinstance(a.ty, relax.TensorType) and a.ty.ndim == 4]
+        dims = [tensor_dims(a.ty) for a in call.args if isinstance(a.ty, relax.TensorType) and a.ty.ndim == 4]
         return len(dims) > 1 and any(d is None or d[1] is None or d[1] % self.block for d in dims)
 
     def _fenced(self, arg: relax.Expr) -> relax.Expr:

@@ -142,7 +142,7 @@ class Pipeline:
             seq.insert(0, PackMatmulWeights(panel=2 * Machine.for_target(self.target).vector_bytes // 4))
         if self.schedule:  # TVM's kernels of the ops we do not lower too: unscheduled, they ran one
             # scalar loop nest on one core (bilinear resize of 4x64x28x28: 1.7 ms, 0.75-0.88 scheduled; eager 0.71-0.84)
-            seq.append(self._schedule_pass(all_kernels=True))
+            seq.append(self._schedule_pass())
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         report = _report(lowered, groups, fuse, self.placement)
@@ -155,7 +155,7 @@ class Pipeline:
         seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
                relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape()]
         if self.schedule:
-            seq.append(self._schedule_pass(all_kernels=True))
+            seq.append(self._schedule_pass())
         with self.target:
             lowered = tvm.transform.Sequential(seq)(mod)
         kernels, views = kernels_of(lowered)
@@ -174,10 +174,11 @@ class Pipeline:
                 return None
         return self.tuning_db
 
-    def _schedule_pass(self, all_kernels: bool = False) -> ScheduleKernels:
+    def _schedule_pass(self) -> ScheduleKernels:
+        """The heuristic's (or the tuning database's) schedules for our kernels and TVM's alike."""
         db = self._database()
         history = ApplyHistoryBest(db, self.target) if db is not None else None
-        self.scheduler = ScheduleKernels(Machine.for_target(self.target), all_kernels=all_kernels, history=history)
+        self.scheduler = ScheduleKernels(Machine.for_target(self.target), all_kernels=True, history=history)
         return self.scheduler
 
     def build(self, lowered: tvm.IRModule, source: tvm.IRModule, report: FusionReport) -> CompiledModel:
