@@ -36,6 +36,43 @@ def test_a_group_becomes_one_prim_func_called_with_call_tir():
     assert not [f for f in out.functions.values() if isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})]
 
 
+def test_groups_whose_kernels_differ_only_in_names_share_one_prim_func(rng):
+    """Four layers softmax(h + c_i), c_i a different vector each (a kernel argument), then
+    log_softmax(h * 2) and log_softmax(h * 3) (2 and 3 literals in their kernels). "chains" makes
+    each op a group: the four adds share one kernel, the four softmaxes one, the two multiplies
+    keep one each, the two log_softmaxes share one."""
+    cs = [rng.standard_normal(32).astype("float32") for _ in range(4)]
+
+    def net(x):
+        h = x
+        for c in cs:
+            h = R.nn.softmax(R.add(h, relax.const(c)), axis=-1)
+        a = R.nn.log_softmax(R.multiply(h, relax.const(2.0, "float32")), axis=-1)
+        return R.nn.log_softmax(R.multiply(a, relax.const(3.0, "float32")), axis=-1)
+    mod = build_module(net, [((4, 32), "float32")])
+    fuse = FuseCompile(strict=True)
+    out = tvm.transform.Sequential([MakeGroups("chains"), fuse])(mod)
+    called = [b.value.args[0].name_hint for b in out["main"].body.blocks[0].bindings]
+    assert called == ["fused_add", "fused_softmax"] * 4 + ["fused_multiply", "fused_log_softmax",
+                                                          "fused_multiply1", "fused_log_softmax"]
+    assert sorted(_prim_funcs(out)) == sorted(set(called))
+    assert fuse.log.shared == {"fused_add1": "fused_add", "fused_add2": "fused_add", "fused_add3": "fused_add",
+                               "fused_softmax1": "fused_softmax", "fused_softmax2": "fused_softmax",
+                               "fused_softmax3": "fused_softmax", "fused_log_softmax1": "fused_log_softmax"}
+
+    x = rng.standard_normal((4, 32)).astype("float32")
+    h = x
+    for c in cs:
+        e = np.exp(h + c - (h + c).max(-1, keepdims=True))
+        h = e / e.sum(-1, keepdims=True)
+    for k in (2.0, 3.0):
+        z = h * k
+        h = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    compiled = compile_strict(mod, fusion="chains")
+    assert len(compiled.report().kernels) == 12
+    np.testing.assert_allclose(compiled(x), h, rtol=1e-5, atol=1e-6)
+
+
 def test_softmax_is_one_kernel_with_local_reduction_stages():
     mod = build_module(lambda x: R.nn.softmax(x, axis=-1), [((4, 32), "float32")])
     out = tvm.transform.Sequential([MakeGroups("chains"), FuseCompile(strict=True)])(mod)

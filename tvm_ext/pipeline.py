@@ -309,6 +309,8 @@ def _report(lowered: tvm.IRModule, groups: MakeGroups, fuse: FuseCompile,
             node = part.graph[d.node]
             decisions.append(Decision(node.name, (node.op or node.kind).replace("relax.", ""), d.action, d.reason))
     decisions += [Decision(node, op, "stage", why) for node, op, why in fuse.log.stages]
+    decisions += [Decision(group, "", "share", f"calls {kernel}: their kernels differ only in names")
+                  for group, kernel in fuse.log.shared.items()]
     copies = [asdict(c) for c in placement.copies] if placement is not None else []
     return FusionReport(kernels, views, decisions, dict(fuse.log.fallbacks), copies=copies)
 
