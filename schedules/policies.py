@@ -268,8 +268,12 @@ class RowPerCore(Policy):
 
     def space(self, info):
         lanes, row = info.lanes(self.machine), self.row(info)
-        return {"vector": [v for v in (lanes, lanes // 2, 4) if v >= 4 and row % v == 0 and row >= 2 * v] or [0],
-                "accumulators": [1, 8]}
+        vectors = [v for v in (lanes, lanes // 2, 4) if v >= 4 and row % v == 0 and row >= 2 * v]
+        if not vectors:  # no power of two divides the row: its widest divisor up to a vector, 7 of
+            # 49 (8x512 means over 7x7, a global average pool: 36.8 -> 12.4 us, Zen 4; the rows ran
+            # as scalar loops under parallel_only)
+            vectors = [v for v in range(lanes, 3, -1) if row % v == 0 and row >= 2 * v][:1]
+        return {"vector": vectors or [0], "accumulators": [1, 8]}
 
     def default(self, info, fuse_epilogue=True):
         knobs = super().default(info, fuse_epilogue)
