@@ -62,6 +62,8 @@ CASES = {
                   nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)), [(1, 3, 11, 11)]),
     "matmuls": (Fn(lambda m, x, y: m.parts[0](x) @ y.t() + torch.mm(x, x.t()).sum(), nn.Linear(17, 9)),
                 [(5, 17), (9, 9)]),
+    "pad": (Fn(lambda m, x: F.pad(x, (1, 2, 2, 1), mode="reflect") + F.pad(x, (1, 2, 2, 1), mode="replicate")
+               + F.pad(x, (1, 2, 2, 1), mode="circular") + F.pad(x, (1, 2, 2, 1), value=0.5)), [(2, 3, 5, 6)]),
     "bmm": (Fn(lambda m, x: torch.bmm(x, x.transpose(1, 2)) + torch.matmul(x, x.permute(0, 2, 1))), [(3, 4, 5)]),
     "views": (Fn(lambda m, x: x.view(2, 3, 20).reshape(6, 20).unsqueeze(0).squeeze(0).flatten(0, 1)
                  .unflatten(0, (10, 12))[3].mean() + x.permute(3, 0, 1, 2).contiguous().select(0, 1).flatten()),
@@ -116,6 +118,7 @@ REFUSED = {
     "softmax to float64": Fn(lambda m, x: torch.softmax(x, -1, dtype=torch.float64)),
     "sum to float64": Fn(lambda m, x: x.sum(-1, dtype=torch.float64)),
     "cumsum": Fn(lambda m, x: torch.cumsum(x, -1)),
+    "pad that crops": Fn(lambda m, x: F.pad(x, (-1, 2))),
 }
 
 

@@ -35,6 +35,15 @@ def test_unsupported_dtype_is_named():
         tvm_ext.compile(mod)
 
 
+@pytest.mark.parametrize("mode,widths", [("reflect", [0, 0, 0, 4]), ("circular", [0, 0, 5, 0])])
+def test_a_pad_wider_than_its_mode_allows_names_the_node_and_the_limit(mode, widths):
+    mod = build_module(lambda a: R.nn.pad(a, widths, mode), [((2, 4), "float32")])
+    limit = 3 if mode == "reflect" else 4
+    with pytest.raises(tvm_ext.ShapeError, match=f"gv: {mode} padding of {max(widths)} on axis 1 of size 4: "
+                                                 f"it must be at most {limit}"):
+        tvm_ext.compile(mod)
+
+
 def test_shape_mismatch_in_a_torch_model_names_the_shapes():
     model = nn.Sequential(nn.Linear(64, 8))
     with pytest.raises(tvm_ext.FrontendError, match=r"Sequential.*\(4, 32\).*shapes"):

@@ -267,6 +267,14 @@ CASES.append(Case("relax.take", lambda x, i: R.take(x, i, axis=1),
 CASES.append(Case("relax.nn.pad", lambda x: R.nn.pad(x, [0, 0, 1, 2, 3, 0], pad_value=0.5), normal(),
                   lambda x: np.pad(x, [(0, 0), (1, 2), (3, 0)], constant_values=0.5), EXACT,
                   shapes=_fixed((2, 3, 4))))
+for _mode, _np_mode in (("reflect", "reflect"), ("replicate", "edge"), ("circular", "wrap")):
+    # as wide as each mode allows (reflect: the size less one); on the last axis up to four a side
+    # are selected position by position, wider ones read through one index expression
+    for _last in ((0, 3), (6, 5)):
+        _pw = [0, 0, 3 if _mode == "reflect" else 4, 1, *_last]
+        CASES.append(Case("relax.nn.pad", lambda x, m=_mode, w=_pw: R.nn.pad(x, w, m), normal(),
+                          lambda x, m=_np_mode, w=_pw: np.pad(x, list(zip(w[0::2], w[1::2])), mode=m),
+                          EXACT, shapes=_fixed((2, 4, 7)), id=f"{_mode}-{_last[0]}-{_last[1]}"))
 
 
 # ---- normalizations

@@ -417,6 +417,14 @@ _TRAINING = _arg(5, "training", False)
 _DROPOUT_ACTIVE = _arg(2, "train", False)
 
 
+def _pad_accepted(node: Any) -> bool:
+    """``F.pad``: a mode relax's pad takes and no negative width (a crop, which the decomposition
+    turns into a slice)."""
+    widths = node.args[1] if len(node.args) > 1 else []
+    return (_positional(4)(node) and _arg(2, "mode", "constant")(node) in ("constant", "reflect", "replicate", "circular")
+            and all(isinstance(w, int) and w >= 0 for w in widths))
+
+
 def _batch_norm_accepted(node: Any) -> bool:
     """Outside training and with running statistics (without them, batch statistics are used)."""
     return (_positional(9)(node) and not _TRAINING(node)
@@ -444,7 +452,7 @@ DIRECT_OPS: dict[str, Callable[[Any], bool]] = {
     "aten.batch_norm.default": _batch_norm_accepted,
     "aten.dropout.default": lambda node: _positional(3)(node) and not _DROPOUT_ACTIVE(node),
     "aten.linear.default": _positional(3), "aten.mm.default": _BINARY, "aten.bmm.default": _BINARY,
-    "aten.matmul.default": _BINARY, "aten.conv2d.default": _positional(7),
+    "aten.matmul.default": _BINARY, "aten.conv2d.default": _positional(7), "aten.pad.default": _pad_accepted,
     "aten.scaled_dot_product_attention.default": lambda node: (
         _positional(6, ("scale",))(node) and not _arg(4, "dropout_p", 0.0)(node)),
     **{f"aten.{name}": _positional(3) for name in (

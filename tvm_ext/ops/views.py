@@ -288,9 +288,13 @@ def _take(node: OpNode) -> TensorValue:
 
 @register_op("relax.nn.pad", OpPattern.INJECTIVE)
 def _pad(node: OpNode) -> TensorValue:
-    """Constant padding; other modes keep TVM's kernel."""
+    """Constant padding, a guarded select; reflect, replicate and circular, views of the input
+    (a reflect pad of 8x64x56x56 by 1 had come through PyTorch's decomposition as two gathers
+    with an intermediate, 0.68 ms against eager's 0.21)."""
     x = node.args[0]
-    check_no_lowering(str(node.attr("pad_mode", "constant")) != "constant", "non-constant pad")
+    mode = str(node.attr("pad_mode", "constant"))
     widths = [int(w) for w in node.attr("pad_width")]
-    value = node.attr("pad_value", 0)
-    return lw.pad(x, widths[0::2], widths[1::2], float(value))
+    if mode == "constant":
+        return lw.pad(x, widths[0::2], widths[1::2], float(node.attr("pad_value", 0)))
+    check_no_lowering(mode not in ("reflect", "replicate", "circular"), f"pad mode {mode!r}")
+    return lw.pad_by_mode(x, widths[0::2], widths[1::2], mode, node.name)
