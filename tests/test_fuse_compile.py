@@ -398,7 +398,8 @@ def _largest_store(func) -> int:
 def test_nested_fast_forms_stay_under_the_expression_bound(graph, fusion, split, monkeypatch):
     # The compile-time guard: Mish's tanh(log(1 + exp)) fused into one expression was 1.2e6 TIR
     # nodes once Lets are substituted (134 s to compile); log_softmax(gelu) 2e5 (84 s; 6.6e4
-    # since erf's exp has no clamps). The bound realizes the inner form as a kernel-local stage
+    # since erf's exp has no clamps; 5,320 in each reduction body since GELU has its own form,
+    # over the reductions' bound). The bound realizes the inner form as a kernel-local stage
     # and logs it.
     import relay_passes.fuse_compile as fc
     make, _ = _BOUNDED_GRAPHS[graph]
@@ -408,7 +409,7 @@ def test_nested_fast_forms_stay_under_the_expression_bound(graph, fusion, split,
     assert max(_largest_store(f) for f in _prim_funcs(out).values()) <= fc.MAX_INLINED_NODES
     assert all("inlined-size" in why for _, _, why in fuse.log.stages)
     assert bool(fuse.log.stages) == split
-    bound = fc.MAX_INLINED_NODES
+    bound = min(fc.MAX_INLINED_NODES, fc.MAX_REDUCE_NODES)
     monkeypatch.setattr(fc, "MAX_INLINED_NODES", 10 ** 9)  # unbounded: the old expression
     monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)
     out = tvm.transform.Sequential([MakeGroups(fusion), FuseCompile(strict=True)])(mod)
@@ -452,7 +453,8 @@ def test_a_reduction_over_a_fast_form_reads_it_from_a_stage_once_past_the_reduct
     # A reduction's body holds no Let, so GELU's erf under a LayerNorm's two sums was inlined as
     # a tree, 7,860 and 15,730 TIR nodes (4,103 for erf since its exp has no clamps), and computed
     # three times: 6 s to build (tanh's form 15 s). Past MAX_REDUCE_NODES GELU is a kernel-local
-    # stage, logged; the sums read it.
+    # stage, logged; the sums read it. GELU's own form (fast_math.gelu, no erf) is 327 nodes in a
+    # sum: it stays inlined.
     import relay_passes.fuse_compile as fc
     make, gamma, beta = _gelu_layer_norm(gelu)
     mod = build_module(make, [((8, 64), "float32")])
@@ -460,8 +462,9 @@ def test_a_reduction_over_a_fast_form_reads_it_from_a_stage_once_past_the_reduct
     out = tvm.transform.Sequential([MakeGroups("autofuse"), fuse])(mod)
     (func,) = _prim_funcs(out).values()
     assert 0 < _largest_reduction_store(func) <= fc.MAX_REDUCE_NODES
-    assert any("in a reduction" in why for _, _, why in fuse.log.stages)
-    bound = fc.MAX_REDUCE_NODES
+    staged = gelu is R.nn.gelu_tanh
+    assert any("in a reduction" in why for _, _, why in fuse.log.stages) == staged
+    bound = fc.MAX_REDUCE_NODES if staged else 0
     monkeypatch.setattr(fc, "MAX_REDUCE_NODES", 10 ** 9)  # unbounded: GELU inlined in each sum
     (func,) = _prim_funcs(tvm.transform.Sequential([MakeGroups("autofuse"), FuseCompile(strict=True)])(mod)).values()
     assert _largest_reduction_store(func) > bound

@@ -201,6 +201,29 @@ _ERFC_LARGE = (-0.011008645663978913, 0.036079387336092006, 0.008337129597223221
                0.0002591138681131871)
 
 
+# GELU's Phi(x) = 1/2 + x R(x^2) on |x| <= 5.66 (beyond, Phi is within 8e-9 of 1 or 0), R a
+# rational function of degree (5, 5) fitted for least maximum relative error by Lawson's
+# iteration on Chebyshev nodes (2.5e-8 in float64). Coefficients highest degree first.
+_GELU_LIMIT = 5.66
+_PHI_P = (2.193260446948825e-08, 6.288330241958505e-06, 0.00017178522555909333, 0.004694574051880957,
+          0.034231263170112075, 0.39894227050679815)
+_PHI_Q = (1.1688575521805894e-06, 7.414593883308694e-05, 0.001901846714089274, 0.028847115234425506,
+          0.2524713269254652, 1.0)
+
+
+def gelu(x: PrimExpr, let: bool = False) -> PrimExpr:
+    """x Phi(x), GELU's exact (erf) form, for float32: one rational function and no exp, 17
+    operations a vector against erf's 40. Within 2.2e-7 of the exact value relative for x > 0
+    (PyTorch's vectorized form: 3.5e-7) and 8.8e-7 absolute below, where Phi cancels as
+    PyTorch's 1 + erf does (1.1e-6); -0 below -5.66, so gelu(-inf) is NaN as in PyTorch. Measured against float64 and PyTorch in tests/test_fast_math.py."""
+    lets = _Lets(let)
+    x = lets(x, "x")
+    xc = lets(tirx.Min(tirx.Max(x, _f(-_GELU_LIMIT)), _f(_GELU_LIMIT)), "xc")
+    z = lets(xc * xc, "z")
+    phi = xc * (_horner(_PHI_P, z) / _horner(_PHI_Q, z)) + _f(0.5)
+    return lets.wrap(x * tirx.Select(x < _f(-_GELU_LIMIT), _f(0.0), phi))
+
+
 def erf(x: PrimExpr, let: bool = False) -> PrimExpr:
     """erf for float32; its error is measured against torch.erf in the tests."""
     lets = _Lets(let)

@@ -21,6 +21,7 @@ translates to TE by ``to_te``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -538,6 +539,8 @@ _SCALAR_OP_LIST = [
     ScalarOp("tanh", 1, te.tanh, float_only=True, te_fast=fast_math.tanh),
     ScalarOp("sigmoid", 1, te.sigmoid, float_only=True, te_fast=fast_math.sigmoid),
     ScalarOp("erf", 1, te.erf, float_only=True, te_fast=fast_math.erf),
+    ScalarOp("gelu", 1, lambda x: x * (0.5 + 0.5 * te.erf(x * (1.0 / math.sqrt(2.0)))), float_only=True,
+             te_fast=fast_math.gelu),
     ScalarOp("sin", 1, te.sin, float_only=True),
     ScalarOp("cos", 1, te.cos, float_only=True),
     ScalarOp("tan", 1, te.tan, float_only=True),

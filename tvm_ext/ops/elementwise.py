@@ -159,8 +159,7 @@ def _grad_gelu(call, y, g, bb):
     return [g * (cdf + x * pdf)]
 
 
-unary("relax.nn.gelu", lambda x: x * 0.5 * (1.0 + L.erf(x * (1.0 / math.sqrt(2.0)))),
-      float_only=True, doc="x * Phi(x), exact (erf) form.", gradient=_grad_gelu)
+unary("relax.nn.gelu", L.gelu, float_only=True, doc="x * Phi(x), exact (erf) form.", gradient=_grad_gelu)
 unary("relax.nn.gelu_tanh",
       lambda x: x * 0.5 * (1.0 + L.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x)))),
       float_only=True, doc="GELU, tanh approximation.")
