@@ -175,3 +175,13 @@ def test_compile_times_are_the_median_of_compiles_from_scratch(monkeypatch):
     assert len(row["import_samples"]) == 3 and row["import_s"] == sorted(row["import_samples"])[1]
     assert len(row["build_samples"]["autofuse"]) == 3
     assert row["build_s"]["autofuse"] == sorted(row["build_samples"]["autofuse"])[1]
+
+
+def test_compile_depth_reports_the_kernels_repeated_layers_share():
+    """Three (Linear, GELU, LayerNorm) layers: three kernel calls of one distinct kernel."""
+    script = BENCH.parent / "compile_depth.py"
+    out = subprocess.run([sys.executable, str(script), "--models", "stack:3", "--samples", "1", "--no-torch-compile"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("stack:3")]
+    assert row[1:3] == ["3", "1"] and float(row[3]) > 0
