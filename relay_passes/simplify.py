@@ -42,6 +42,14 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModul
     return rewriter.builder_.get()
 
 
+def scalar_value(expr: relax.Expr) -> float | None:
+    """The value of a constant with one element (a scalar or any shape of ones), else None."""
+    if not isinstance(expr, tvm.ir.GenericConst):
+        return None
+    data = constant_data(expr)
+    return float(data.reshape(-1)[0]) if data.size == 1 else None
+
+
 def constant_data(const: tvm.ir.GenericConst) -> np.ndarray:
     """A constant's data as a read-only numpy view of its tensor, not a copy (``.numpy()``
     copies: 3 ms for a 16 MB weight, paid at every read by a pass or a lowering). A dtype

@@ -17,17 +17,11 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from relay_passes.simplify import scalar_value
+
 # tanh(v) rounds to 1.0 in float32 for v above this; a softplus threshold below it would
 # make the where's x-branch differ from the closed form
 _TANH_IS_ONE = 9.1
-
-
-def _scalar(expr: relax.Expr) -> float | None:
-    """The value of a scalar (or one-element) constant, else None."""
-    if not isinstance(expr, tvm.ir.GenericConst):
-        return None
-    data = expr.value.numpy()
-    return float(data.reshape(-1)[0]) if data.size == 1 else None
 
 
 def _pattern():
@@ -44,9 +38,9 @@ def _rewrite(x_pat, one_pat, threshold_pat):
         x = matches[x_pat]
         if not isinstance(expr.ty, relax.TensorType) or str(expr.ty.dtype) != "float32":
             return expr
-        if _scalar(matches[one_pat]) != 1.0:
+        if scalar_value(matches[one_pat]) != 1.0:
             return expr
-        if threshold_pat in matches and not (_scalar(matches[threshold_pat]) or 0.0) >= _TANH_IS_ONE:
+        if threshold_pat in matches and not (scalar_value(matches[threshold_pat]) or 0.0) >= _TANH_IS_ONE:
             return expr
         e = relax.op.exp(relax.op.minimum(x, relax.const(20.0, "float32")))
         n = relax.op.multiply(e, relax.op.add(e, relax.const(2.0, "float32")))

@@ -215,7 +215,8 @@ def gelu(x: PrimExpr, let: bool = False) -> PrimExpr:
     """x Phi(x), GELU's exact (erf) form, for float32: one rational function and no exp, 17
     operations a vector against erf's 40. Within 2.2e-7 of the exact value relative for x > 0
     (PyTorch's vectorized form: 3.5e-7) and 8.8e-7 absolute below, where Phi cancels as
-    PyTorch's 1 + erf does (1.1e-6); -0 below -5.66, so gelu(-inf) is NaN as in PyTorch. Measured against float64 and PyTorch in tests/test_fast_math.py."""
+    PyTorch's 1 + erf does (1.1e-6); -0 below -5.66, so gelu(-inf) is NaN as in PyTorch.
+    Measured against float64 and PyTorch in tests/test_fast_math.py."""
     lets = _Lets(let)
     x = lets(x, "x")
     xc = lets(tirx.Min(tirx.Max(x, _f(-_GELU_LIMIT)), _f(_GELU_LIMIT)), "xc")

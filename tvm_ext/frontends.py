@@ -421,7 +421,8 @@ def _pad_accepted(node: Any) -> bool:
     """``F.pad``: a mode relax's pad takes and no negative width (a crop, which the decomposition
     turns into a slice)."""
     widths = node.args[1] if len(node.args) > 1 else []
-    return (_positional(4)(node) and _arg(2, "mode", "constant")(node) in ("constant", "reflect", "replicate", "circular")
+    mode = _arg(2, "mode", "constant")(node)
+    return (_positional(4)(node) and mode in ("constant", "reflect", "replicate", "circular")
             and all(isinstance(w, int) and w >= 0 for w in widths))
 
 

@@ -657,6 +657,7 @@ def pad_by_mode(value: TensorValue, pad_before: Sequence[int], pad_after: Sequen
 
     def source(j, n):
         return rule(j, n, *_TIR_OPS)
+
     limit = {"reflect": 1, "replicate": None, "circular": 0}[mode]
     for d, (b, a, n) in enumerate(zip(pad_before, pad_after, value.shape)):
         if min(b, a) < 0:

@@ -21,6 +21,7 @@ from relay_passes.plan_memory import PlanMemory
 from relay_passes.conv_layout import BlockConvLayout
 from relay_passes.conv_as_conv2d import ConvAsConv2d
 from relay_passes.simplify import EliminateCommonSubexprAroundWeights, FoldTupleGetItem, FoldWeightLayout
+from relay_passes.erf_gelu import ErfGelu
 from relay_passes.sigmoid_gate import SigmoidGate
 from relay_passes.tanh_softplus import TanhSoftplus
 from relay_passes.fuse_compile import FuseCompile
@@ -112,7 +113,7 @@ class Pipeline:
         # our conv2d lowering takes conv1d and conv2d_transpose too; then the blocked layout
         convs = [] if self.fusion == "tvm" else [ConvAsConv2d()] + (
             [BlockConvLayout(registry=self.registry)] if self.block_conv else [])
-        algebra = [] if self.exact_math else [TanhSoftplus(), SigmoidGate()]  # exact math: the model's ops
+        algebra = [] if self.exact_math else [TanhSoftplus(), SigmoidGate(), ErfGelu()]  # exact math: the model's ops
         seq = [relax.transform.ConvertToDataflow(), *self.passes, *convs, FoldWeightLayout(self.registry), FoldTupleGetItem(),
                *algebra, relax.transform.CanonicalizeBindings(), EliminateCommonSubexprAroundWeights(),
                relax.transform.DeadCodeElimination()]

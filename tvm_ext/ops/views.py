@@ -288,9 +288,8 @@ def _take(node: OpNode) -> TensorValue:
 
 @register_op("relax.nn.pad", OpPattern.INJECTIVE)
 def _pad(node: OpNode) -> TensorValue:
-    """Constant padding, a guarded select; reflect, replicate and circular, views of the input
-    (a reflect pad of 8x64x56x56 by 1 had come through PyTorch's decomposition as two gathers
-    with an intermediate, 0.68 ms against eager's 0.21)."""
+    """Constant padding, a guarded select; reflect, replicate and circular read the input
+    itself (``lowering.pad_by_mode``)."""
     x = node.args[0]
     mode = str(node.attr("pad_mode", "constant"))
     widths = [int(w) for w in node.attr("pad_width")]
