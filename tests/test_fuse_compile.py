@@ -38,7 +38,7 @@ def test_a_group_becomes_one_prim_func_called_with_call_tir():
 
 def test_groups_whose_kernels_differ_only_in_names_share_one_prim_func(rng):
     """Four layers softmax(h + c_i), c_i a different vector each (a kernel argument), then
-    log_softmax(h * 2) and log_softmax(h * 3) (2 and 3 literals in their kernels). "chains" makes
+    a = log_softmax(h * 2) and log_softmax(a * 3) (2 and 3 literals in their kernels). "chains" makes
     each op a group: the four adds share one kernel, the four softmaxes one, the two multiplies
     keep one each, the two log_softmaxes share one."""
     cs = [rng.standard_normal(32).astype("float32") for _ in range(4)]
