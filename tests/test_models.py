@@ -113,6 +113,30 @@ def test_resnet_block_is_two_kernels_with_fused_epilogues():
     assert all("epilogue on the tile" in k.schedule for k in report.kernels)
 
 
+@pytest.mark.parametrize("fusion", ["autofuse", "nnvm"])
+def test_a_stack_of_encoder_layers_shares_the_middle_layers_kernels_and_matches_pytorch(fusion):
+    """A third TransformerEncoderLayer adds kernel calls and no kernel: it calls the kernels
+    the other layers compiled (the first reads the input through a transpose of its own, the
+    last writes without one, a middle layer does neither). The result is PyTorch's."""
+    def encoder(layers):
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True, activation="gelu")
+        model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))  # layers copied from one: make each its own
+        return model
+    x = torch.randn(2, 16, 32)
+    two = tvm_ext.compile(encoder(2), (x,), fusion=fusion, strict=True).report()
+    model = encoder(3)
+    compiled = tvm_ext.compile(model, (x,), fusion=fusion, strict=True)
+    three = compiled.report()
+    assert three.distinct_kernels == two.distinct_kernels and three.num_kernels > two.num_kernels
+    assert any(d.action == "share" for d in three.decisions)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=2e-4, atol=2e-4)
+
+
 def test_blocked_resnet_block_keeps_its_activations_blocked_between_the_convolutions():
     # NCHW16c: BatchNorm folds to multiply + add; the input is read through its blocked view by
     # the first convolution and by the residual add (no kernel of its own), and only the last
