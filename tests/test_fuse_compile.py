@@ -40,7 +40,8 @@ def test_groups_whose_kernels_differ_only_in_names_share_one_prim_func(rng):
     """Four layers softmax(h + c_i), c_i a different vector each (a kernel argument), then
     a = log_softmax(h * 2) and log_softmax(a * 3) (2 and 3 literals in their kernels). "chains" makes
     each op a group: the four adds share one kernel, the four softmaxes one, the two multiplies
-    keep one each, the two log_softmaxes share one."""
+    keep one each, the two log_softmaxes share one. A group that shares is not lowered again
+    (the adds take the first add's lowering with their own c_i)."""
     cs = [rng.standard_normal(32).astype("float32") for _ in range(4)]
 
     def net(x):
@@ -59,6 +60,8 @@ def test_groups_whose_kernels_differ_only_in_names_share_one_prim_func(rng):
     assert fuse.log.shared == {"fused_add1": "fused_add", "fused_add2": "fused_add", "fused_add3": "fused_add",
                                "fused_softmax1": "fused_softmax", "fused_softmax2": "fused_softmax",
                                "fused_softmax3": "fused_softmax", "fused_log_softmax1": "fused_log_softmax"}
+    # the same groups but for names and c_i's contents: lowered once, each with its own c_i
+    assert fuse.log.reused == {k: v for k, v in fuse.log.shared.items()}
 
     x = rng.standard_normal((4, 32)).astype("float32")
     h = x
