@@ -172,9 +172,10 @@ class _Lowerings:
         shape, local = _lowering_key(func)
         constants = _constants(func)
         same = self.groups.setdefault(tvm_ffi.structural_hash(shape, skip_tensor_content=True), [])
-        for first, other, other_local, group, args, literals in same:
-            if other_local == local and tvm_ffi.structural_equal(other, shape, skip_tensor_content=True) \
-                    and all(np.array_equal(constant_data(constants[i]), constant_data(literals[i]))
+        for first, other, other_local, group, args, its_constants in same:
+            if other_local == local and len(its_constants) == len(constants) \
+                    and tvm_ffi.structural_equal(other, shape, skip_tensor_content=True) \
+                    and all(np.array_equal(constant_data(constants[i]), constant_data(its_constants[i]))
                             for i in range(len(constants)) if i not in args):
                 self.reused[name] = first
                 return LoweredGroup(group.prim_func, [constants[i] for i in args], group.out_types)
