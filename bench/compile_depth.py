@@ -7,7 +7,7 @@ Models: ``encoder:N``, ``nn.TransformerEncoder`` of N layers (d_model 256, 4 hea
 input 4x128x256, the benchmark's transformer layer stacked); ``stack:N``, N x (Linear 256, GELU,
 LayerNorm) on 64 rows. Ours is torch.export, import, passes, build and the first call
 (``tvm_ext.compile(from_torch(m, (x,)))(x)``); torch.compile's is its first call from empty caches
-(Dynamo reset, Inductor's ``fresh_cache``), as ``bench/run.py`` times it. Each is the median of
+(``run.torch_compile_first_call``, as ``bench/run.py`` times it). Each is the median of
 ``--samples`` compiles from scratch, with the kernels our compile built and the distinct ones
 among them (repeated layers share theirs).
 """
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tvm_ext  # noqa: E402
-from run import collected  # noqa: E402
+from run import collected, torch_compile_first_call  # noqa: E402
 from tvm_ext.frontends import from_torch  # noqa: E402
 
 
@@ -53,14 +53,8 @@ def ours(module: nn.Module, x: torch.Tensor) -> tuple[float, tvm_ext.CompiledMod
 
 
 def torch_compile(module: nn.Module, x: torch.Tensor) -> float:
-    from torch._inductor.utils import fresh_cache
-    torch._dynamo.reset()
-    compiled = torch.compile(module)
-    collected()
-    with torch.no_grad(), fresh_cache():
-        t0 = time.perf_counter()
-        compiled(x)
-        return time.perf_counter() - t0
+    with torch.no_grad():
+        return torch_compile_first_call(module, x)[0]
 
 
 def main(argv=None) -> int:

@@ -229,6 +229,20 @@ def collected() -> None:
     gc.collect()
 
 
+def torch_compile_first_call(module, x, backend=None) -> tuple[float, Callable]:
+    """Seconds of torch.compile's first call compiled from scratch, and the compiled module: as a
+    user's first compile of a model, Dynamo reset (no graph compiled before) and Inductor's
+    caches empty (``fresh_cache``), right after a full collection (``collected``)."""
+    from torch._inductor.utils import fresh_cache
+    torch._dynamo.reset()
+    compiled = torch.compile(module, **({"backend": backend} if backend is not None else {}))
+    collected()
+    with fresh_cache():
+        t0 = time.perf_counter()
+        compiled(x)  # its first call compiles
+        return time.perf_counter() - t0, compiled
+
+
 def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: bool, with_ort: bool = True,
               tune_trials: int = 0, tuning_db: str | None = None, mcpu: str | None = None,
               compile_samples: int = 1) -> dict:
@@ -312,17 +326,11 @@ def bench_one(name, workload, repeat: int, fusions: list[str], with_compile: boo
                     return compile_fx(gm, inputs)
                 # empty caches for each model: in one cache, softmax_by_hand's first call reused the
                 # kernel compiled for softmax (0.19 s, against 1.32 s from empty caches; Zen 4)
-                from torch._inductor.utils import fresh_cache
                 samples = []
                 for _ in range(compile_samples):
-                    torch._dynamo.reset()  # no graph compiled before: each sample compiles from scratch
                     graph_ops.clear()
-                    compiled_torch = torch.compile(module, backend=inductor)
-                    collected()
-                    with fresh_cache():
-                        t0 = time.perf_counter()
-                        compiled_torch(x)
-                        samples.append(time.perf_counter() - t0)  # its first call compiles
+                    seconds, compiled_torch = torch_compile_first_call(module, x, inductor)
+                    samples.append(seconds)
                 row["torch_compile_build_s"] = statistics.median(samples)
                 row["torch_compile_samples"] = samples
                 row["torch_compile_ops"] = graph_ops

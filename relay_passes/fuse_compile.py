@@ -106,9 +106,12 @@ class FuseCompile:
         rewriter = _CallRewriter(out, lowered, fallback)
         kernels: dict[int, list[tuple[tirx.PrimFunc, tvm.ir.GlobalVar]]] = {}
         for name, group in lowered.items():
-            key = _without_names(group.prim_func)
-            same = kernels.setdefault(tvm_ffi.structural_hash(key), [])
-            shared = None if placed else next((gv for k, gv in same if tvm_ffi.structural_equal(k, key)), None)
+            if name in self.log.reused:  # its first group's kernel, the same PrimFunc
+                shared = rewriter.prim_gvs[self.log.reused[name]]
+            else:
+                key = _without_names(group.prim_func)
+                same = kernels.setdefault(tvm_ffi.structural_hash(key), [])
+                shared = None if placed else next((gv for k, gv in same if tvm_ffi.structural_equal(k, key)), None)
             if shared is not None:
                 rewriter.prim_gvs[name] = shared
                 self.log.shared[name] = shared.name_hint

@@ -282,6 +282,11 @@ def vector_factor(n: int, lanes: int) -> int:
     return 0
 
 
+def widest_divisor(n: int, most: int, above: int) -> int:
+    """The widest v dividing ``n`` with ``above < v <= most``; 0 if none."""
+    return next((v for v in range(most, above, -1) if n % v == 0), 0)
+
+
 def row_vector(n: int, lanes: int) -> int:
     """The widest vector for a pointwise row of ``n`` (keep_2d's first choice): two whole
     vectors or one where they divide it, else its widest divisor up to two vectors (900 takes
@@ -290,8 +295,8 @@ def row_vector(n: int, lanes: int) -> int:
     time: a reflect pad of 8x64x56x56 built for znver3, 1.21 -> 0.18 ms on a Zen 4)."""
     if n % lanes == 0:
         return 2 * lanes if n % (2 * lanes) == 0 else lanes
-    return next((v for v in range(2 * lanes, lanes, -1) if n % v == 0), 0) or vector_factor(n, lanes) or \
-        next((v for v in range(min(4 * lanes, MAX_VECTOR_LANES), 2 * lanes, -1) if n % v == 0), 0)
+    return widest_divisor(n, 2 * lanes, lanes) or vector_factor(n, lanes) or \
+        widest_divisor(n, min(4 * lanes, MAX_VECTOR_LANES), 2 * lanes)
 
 
 _ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Min, tirx.Max, tirx.Select, tvm.ir.Call)

@@ -17,7 +17,8 @@ from typing import Iterator
 import tvm
 from tvm import s_tir
 
-from schedules.analysis import BlockInfo, arithmetic_ops, block_infos, input_stages, row_vector, stmt, vector_factor
+from schedules.analysis import (BlockInfo, arithmetic_ops, block_infos, input_stages, row_vector, stmt, vector_factor,
+                                widest_divisor)
 from schedules.axes import ImplGraph
 from schedules.builder import ScheduleBuilder
 from schedules.primitives import prim
@@ -272,8 +273,8 @@ class RowPerCore(Policy):
         if not vectors:  # no power of two divides the row: its widest divisor up to a vector, 7 of
             # 49 (8x512 means over 7x7, a global average pool: 36.8 -> 12.4 us, Zen 4; the rows ran
             # as scalar loops under parallel_only)
-            vectors = [v for v in range(lanes, 3, -1) if row % v == 0 and row >= 2 * v][:1]
-        return {"vector": vectors or [0], "accumulators": [1, 8]}
+            vectors = [widest_divisor(row, min(lanes, row // 2), 3)]
+        return {"vector": vectors, "accumulators": [1, 8]}
 
     def default(self, info, fuse_epilogue=True):
         knobs = super().default(info, fuse_epilogue)

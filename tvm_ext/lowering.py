@@ -655,8 +655,9 @@ def pad_by_mode(value: TensorValue, pad_before: Sequence[int], pad_after: Sequen
     0.47 -> 0.12, circular 0.53 -> 0.17 (eager 0.16, 0.16, 0.30; Zen 4)."""
     rule = _PAD_SOURCES[mode]
 
-    def source(j, n):
-        return rule(j, n, *_TIR_OPS)
+    def read_at(idx):  # the input's position read by output position idx (or its leading axes)
+        return [rule(i - b, n, *_TIR_OPS) if b or a else i
+                for i, b, a, n in zip(idx, pad_before, pad_after, value.shape)]
 
     limit = {"reflect": 1, "replicate": None, "circular": 0}[mode]
     for d, (b, a, n) in enumerate(zip(pad_before, pad_after, value.shape)):
@@ -668,12 +669,10 @@ def pad_by_mode(value: TensorValue, pad_before: Sequence[int], pad_after: Sequen
     shape = [s + b + a for s, b, a in zip(value.shape, pad_before, pad_after)]
     b, a, n = pad_before[-1], pad_after[-1], value.shape[-1]
     if max(b, a) > _EDGE_SELECTS:
-        return view(value, shape, lambda idx: [source(i - p, m) if p or q else i
-                                               for i, p, q, m in zip(idx, pad_before, pad_after, value.shape)], node)
+        return view(value, shape, read_at, node)
 
     def loader(idx):
-        outer = [source(i - p, m) if p or q else i
-                 for i, p, q, m in zip(idx[:-1], pad_before, pad_after, value.shape)]
+        outer = read_at(idx[:-1])
         i = idx[-1]
         expr = value.load(outer + [i - b if b else i])
         if not (b or a):
