@@ -223,3 +223,29 @@ def test_the_cycle_collector_is_paused_for_the_export_and_the_import_and_resumed
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_the_export_records_no_stack_traces_and_restores_pytorchs_switch():
+    """from_torch exports without per-node stack traces (a fifth of torch.export's time) and
+    leaves torch.fx's switch as it found it, also when the export fails."""
+    import torch.fx.config as fx_config
+
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(fx_config.do_not_emit_stack_traces)
+            return torch.relu(x) + 1
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise ValueError("no")
+
+    assert fx_config.do_not_emit_stack_traces is False
+    mod = frontends.from_torch(Probe(), (torch.randn(2, 3),))
+    assert seen and all(seen)
+    assert fx_config.do_not_emit_stack_traces is False
+    np.testing.assert_allclose(tvm_ext.compile(mod)(np.ones((2, 3), "float32")), np.full((2, 3), 2.0))
+    with pytest.raises(tvm_ext.errors.FrontendError):
+        frontends.from_torch(Broken(), (torch.randn(2, 3),))
+    assert fx_config.do_not_emit_stack_traces is False

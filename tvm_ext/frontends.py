@@ -1,11 +1,12 @@
 """Frontends: a PyTorch module, an ONNX model, a Symbol or a Relax IRModule becomes one IRModule."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tvm
@@ -31,7 +32,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
     try:
-        with torch.no_grad(), cyclic_gc_paused():
+        with torch.no_grad(), cyclic_gc_paused(), _without_stack_traces():
             exported = torch.export.export(module, example_inputs)
     except Exception as err:
         raise FrontendError(f"torch.export failed for {type(module).__name__} on example inputs of "
@@ -40,6 +41,24 @@ def from_torch(module: Any, example_inputs: Sequence[Any], keep_params_as_input:
     finally:
         fake_log.setLevel(level)
     return from_exported(exported, keep_params_as_input, type(module).__name__)
+
+
+@contextlib.contextmanager
+def _without_stack_traces() -> Iterator[None]:
+    """torch.export without the Python stack trace it records for every node, which nothing of
+    ours or TVM's importer reads: a fifth of the export's time (TransformerEncoder of 8 layers,
+    0.53-0.61 s -> 0.41-0.46, Zen 4). Errors name the node."""
+    import torch.fx.config as fx_config
+
+    if not hasattr(fx_config, "do_not_emit_stack_traces"):  # a PyTorch older than this switch
+        yield
+        return
+    before = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        fx_config.do_not_emit_stack_traces = before
 
 
 def from_exported(exported: Any, keep_params_as_input: bool = False, name: str = "the exported program"
