@@ -71,6 +71,28 @@ class MLP(nn.Module):
         return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
 
 
+class MLPBlock(nn.Module):
+    """A transformer's MLP: Linear, GELU, Linear, plus the residual."""
+
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class ConvBNReLUResidual(nn.Module):
+    """conv 3x3 + BatchNorm + ReLU, plus the residual."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.body = ConvBNReLU(channels, channels)
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
 class ConvBNReLU(nn.Module):
     def __init__(self, cin, cout):
         super().__init__()
@@ -194,6 +216,13 @@ def workloads(quick: bool) -> dict[str, Workload]:
                                       False),
         "inverted_residual_s2": Workload(lambda: (_eval_stats(InvertedResidual(32, 64, stride=2)),
                                                   torch.randn(1, 32, 56 // s, 56 // s)), False),
+        # issue 14's three workloads at its own sizes
+        "mlp_block": Workload(lambda: (MLPBlock(1024 // s, 4096 // s), torch.randn(256 // s, 1024 // s)), False),
+        "conv_bn_relu_residual": Workload(lambda: (_eval_stats(ConvBNReLUResidual(64)),
+                                                   torch.randn(8 // s, 64, 56, 56)), False),
+        "transformer_encoder_layer_8x128": Workload(lambda: (
+            nn.TransformerEncoderLayer(256 // s, 4, 1024 // s, dropout=0.0, batch_first=True),
+            torch.randn(8 // s, 128 // s, 256 // s)), False),
         "transformer_encoder_layer": Workload(lambda: (
             nn.TransformerEncoderLayer(256 // s, 4, 1024 // s, dropout=0.0, batch_first=True),
             torch.randn(4, 128 // s, 256 // s)), False),

@@ -161,6 +161,7 @@ class Kernel:
     nodes: set = field(default_factory=set)
     outputs: set = field(default_factory=set)
     local: set = field(default_factory=set)
+    views: set = field(default_factory=set)  # nodes recomputed as re-indexings of memory
 
 
 @dataclass
@@ -270,8 +271,12 @@ class _Lowering:
             return None
         keep = min(kids)
         union = set().union(*(self.plan.kernels[k].nodes for k in kids)) | joining
+        # the views the kernels took in before stay exempt: a later reader of a ResNet block's
+        # residual add (its ReLU) joins the kernel that recomputes the block's input re-laid
+        views = set(views).union(*(self.plan.kernels[k].views for k in kids))
         if not _convex(self.g, union - views):
             return None
+        self.plan.kernels[keep].views |= views
         for k in sorted(kids - {keep}):
             other = self.plan.kernels.pop(k)
             mine = self.plan.kernels[keep]

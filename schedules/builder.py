@@ -148,6 +148,11 @@ class ScheduleBuilder:
                 self.groups[n] = ScheduleGroup(n, self._fresh_impl(n), "write-back")
         return copy_out
 
+    def compute_inline(self, name: str) -> None:
+        """Inline block ``name`` (a copy, say) into its consumers; its group goes."""
+        prim.compute_inline(self.sch, prim.get_sblock(self.sch, name))
+        del self.groups[name]
+
     def decompose_reduction(self, name: str, axis: str, flat_init: int = 0) -> None:
         """Hoist the reduction's initialization out of ``axis``. ``flat_init`` (a vector's
         elements): the initialization's loops are put in its buffer's order and merged into one

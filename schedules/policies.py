@@ -568,10 +568,13 @@ class RegisterTiledAnchor(Policy):
             impl.reorder(*lead, *i_outer, jT, *reduce, *k_inner, *inner)
             tail = epilogue if epilogue is not None else builder.cache_write(name)
             builder.reverse_compute_at(tail, name, jT)
-            tail_impl = builder.impl(tail)
-            tail_impl.mark_vectorized(tail_impl.names[-1])
-            builder.groups[tail].role = "epilogue on the tile" if epilogue is not None else "write-back of the tile"
-            placed.append(tail)
+            relaid = self._relaid_epilogue(builder, name, jT, tail) \
+                if epilogue is None and knobs["epilogue"] else None
+            if relaid is None:
+                tail_impl = builder.impl(tail)
+                tail_impl.mark_vectorized(tail_impl.names[-1])
+                builder.groups[tail].role = "epilogue on the tile" if epilogue is not None else "write-back of the tile"
+            placed.append(relaid or tail)
         impl.mark_vectorized(jt)
         for unrolled in inner[:-1]:
             impl.mark_unrolled(unrolled)
@@ -610,6 +613,38 @@ class RegisterTiledAnchor(Policy):
             builder.groups[stage].moved = True
             moved.append(stage)
         return moved
+
+    def _relaid_epilogue(self, builder: ScheduleBuilder, name: str, axis: str, copy: str) -> str | None:
+        """The consumer of the tile's write-back ``copy``, moved onto the tile (under ``axis``) and
+        reading the tile itself, where it walks the output in another layout: a blocked
+        convolution's epilogue that writes NCHW (BatchNorm, ReLU, the residual, the layout back).
+        At the root it read the whole NCHWc result back, across its channel blocks, after the
+        convolution had written it out. None when TVM cannot place it, or placed it would compute
+        an element more than once. conv 3x3 64->64 + BN + ReLU + residual, 8x64x56x56, Zen 4:
+        kernel 9.2-9.5 -> 8.6-9.0 ms."""
+        consumers = prim.get_consumers(builder.sch, prim.get_sblock(builder.sch, copy))
+        if len(consumers) != 1:
+            return None
+        block = stmt(builder.sch, consumers[0])
+        if any(int(iv.iter_type) != 0 for iv in block.iter_vars):
+            return None
+        consumer, elements = block.name_hint, math.prod(int(iv.dom.extent) for iv in block.iter_vars)
+        for attempt in (builder.copy(), builder):  # the trial first: a failure leaves builder as it was
+            try:
+                attempt.reverse_compute_at(consumer, name, axis)
+                runs = math.prod(a.size for a in attempt.impl(consumer).axis)
+                if runs != elements:
+                    return None
+                attempt.compute_inline(copy)
+            except (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, TypeError):
+                # TypeError: a loop TVM made with an extent that is not a constant (the
+                # consumer's region depends on the tile's place: a transposed convolution's)
+                if attempt is builder:
+                    raise
+                return None
+        self.vectorize_tail(builder, consumer, builder.impl(consumer).names[-1], self.lanes_of(builder, consumer))
+        builder.groups[consumer].role = "epilogue on the tile, in its own layout"
+        return consumer
 
     @staticmethod
     def _epilogue(builder: ScheduleBuilder, name: str) -> str | None:

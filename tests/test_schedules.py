@@ -184,6 +184,25 @@ def _padded_conv(blocks, h, w, block=16):
         P[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")])
 
 
+def _conv_back_to_nchw(blocks, h, w, block=16):
+    """``_padded_conv`` whose epilogue writes NCHW: relu(y * scale + shift) + a residual, as a
+    blocked convolution's last kernel converts back."""
+    conv = _padded_conv(blocks, h, w, block)
+    X, W = (te.placeholder([int(d) for d in p.shape], "float32", name=n) for p, n in zip(conv.params[:2], "XW"))
+    P = te.compute((1, blocks, h + 2, w + 2, block), lambda n, c, y, x, b: tvm.tirx.if_then_else(
+        tvm.tirx.all(y >= 1, y <= h, x >= 1, x <= w), X[n, c, y - 1, x - 1, b], tvm.tirx.const(0.0, "float32")),
+        name="P")
+    ic, kh, kw, ib = (te.reduce_axis((0, blocks), "ic"), te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw"),
+                      te.reduce_axis((0, block), "ib"))
+    Y = te.compute((1, blocks, h, w, block), lambda n, oc, y, x, ob: te.sum(
+        P[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")
+    S, B = te.placeholder((blocks * block,), "float32", name="S"), te.placeholder((blocks * block,), "float32", name="B")
+    R = te.placeholder((1, blocks * block, h, w), "float32", name="R")
+    out = te.compute((1, blocks * block, h, w), lambda n, c, y, x: te.max(
+        Y[n, c // block, y, x, c % block] * S[c] + B[c], tvm.tirx.const(0.0, "float32")) + R[n, c, y, x], name="O")
+    return te.create_prim_func([X, W, S, B, R, out])
+
+
 def _staged_matmul(m, k_, n, operand):
     """``_matmul`` whose operand ``operand`` ("A" or "B") is first doubled in a stage of its own."""
     A = te.placeholder((m, k_), "float32", name="A")
@@ -215,6 +234,7 @@ POLICY_CASES = [
     (ReadTile, 0, lambda: _unblock(3, 16, 6, 24)),
     (RegisterTiledAnchor, 0, lambda: _blocked_conv(4, 10, 12)),
     (RegisterTiledAnchor, 1, lambda: _padded_conv(2, 9, 16)),
+    (RegisterTiledAnchor, 1, lambda: _conv_back_to_nchw(3, 6, 16)),
     (RowPerCore, 0, lambda: _row_sum(37, 1000)),
     (RowPerCore, 0, lambda: _row_sum(5000, 64)),
     (SplitReduction, 0, lambda: _row_sum(1, 40000)),
@@ -1133,3 +1153,36 @@ def test_a_tvm_kernel_that_calls_what_has_no_vector_form_keeps_tvms_loops():
     assert "tirx.sinh" in dict(pipeline.scheduler.fallbacks)[kernel.name]
     x = np.random.default_rng(0).standard_normal((64, 32)).astype("float32")
     np.testing.assert_allclose(compiled(x), np.sinh(x), rtol=1e-5)
+
+
+@pytest.mark.parametrize("blocks, h, w", [(2, 8, 16), (3, 5, 12)])
+def test_a_blocked_convolutions_nchw_epilogue_runs_on_its_register_tile(blocks, h, w):
+    """With the epilogue knob on, the epilogue that writes NCHW moves onto the register tile
+    and reads the tile itself: a loop nest fewer at the root, and the blocked result is never
+    written whole. Off, the tile is written back and the epilogue runs after, at the root. Both
+    match the unscheduled kernel."""
+    func = _conv_back_to_nchw(blocks, h, w)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
+    out_shape = [int(d) for d in func.params[-1].shape]
+    (want,) = _run(func, inputs, [out_shape])
+    nests = {}
+    for fused in (True, False):
+        result = schedule_kernel(func, MACHINE, fuse_epilogue=fused)
+        roles = {g.block: g.role for g in result.groups}
+        nests[fused] = [s for s in _root_statements(result.func) if isinstance(s, tvm.tirx.For)]
+        if fused:
+            assert roles["O"] == "epilogue on the tile, in its own layout" and "Y_global" not in roles, roles
+            assert "Y_global[" in str(nests[fused][-1]) and "O[" in str(nests[fused][-1])
+        else:
+            assert roles["Y_global"] == "write-back of the tile" and roles["O"] != roles["Y_global"], roles
+        (got,) = _run(result.func, inputs, [out_shape])
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    assert len(nests[True]) == len(nests[False]) - 1
+
+
+def _root_statements(func) -> list:
+    body = func.body
+    while not isinstance(body, (tvm.tirx.For, tvm.tirx.SeqStmt)):
+        body = body.block.body if hasattr(body, "block") else body.body
+    return list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
