@@ -170,9 +170,9 @@ def _blocked_conv(blocks, h, w, block=16, k=3):
         X[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")])
 
 
-def _padded_conv(blocks, h, w, block=16):
-    """``_blocked_conv`` on an unpadded input: the kernel pads it in a stage of its own, as our
-    lowering of a padded convolution does."""
+def _padded_conv_tensors(blocks, h, w, block=16):
+    """X (unpadded, NCHW[block]c), W and Y of a 3x3 convolution whose padding is a stage of
+    the kernel, as our lowering of a padded convolution makes it."""
     X = te.placeholder((1, blocks, h, w, block), "float32", name="X")
     P = te.compute((1, blocks, h + 2, w + 2, block), lambda n, c, y, x, b: tvm.tirx.if_then_else(
         tvm.tirx.all(y >= 1, y <= h, x >= 1, x <= w), X[n, c, y - 1, x - 1, b], tvm.tirx.const(0.0, "float32")),
@@ -180,22 +180,20 @@ def _padded_conv(blocks, h, w, block=16):
     W = te.placeholder((blocks, blocks, 3, 3, block, block), "float32", name="W")
     ic, kh, kw, ib = (te.reduce_axis((0, blocks), "ic"), te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw"),
                       te.reduce_axis((0, block), "ib"))
-    return te.create_prim_func([X, W, te.compute((1, blocks, h, w, block), lambda n, oc, y, x, ob: te.sum(
-        P[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")])
+    Y = te.compute((1, blocks, h, w, block), lambda n, oc, y, x, ob: te.sum(
+        P[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")
+    return X, W, Y
+
+
+def _padded_conv(blocks, h, w, block=16):
+    """``_blocked_conv`` on an unpadded input: the kernel pads it in a stage of its own."""
+    return te.create_prim_func(list(_padded_conv_tensors(blocks, h, w, block)))
 
 
 def _conv_back_to_nchw(blocks, h, w, block=16):
     """``_padded_conv`` whose epilogue writes NCHW: relu(y * scale + shift) + a residual, as a
     blocked convolution's last kernel converts back."""
-    conv = _padded_conv(blocks, h, w, block)
-    X, W = (te.placeholder([int(d) for d in p.shape], "float32", name=n) for p, n in zip(conv.params[:2], "XW"))
-    P = te.compute((1, blocks, h + 2, w + 2, block), lambda n, c, y, x, b: tvm.tirx.if_then_else(
-        tvm.tirx.all(y >= 1, y <= h, x >= 1, x <= w), X[n, c, y - 1, x - 1, b], tvm.tirx.const(0.0, "float32")),
-        name="P")
-    ic, kh, kw, ib = (te.reduce_axis((0, blocks), "ic"), te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw"),
-                      te.reduce_axis((0, block), "ib"))
-    Y = te.compute((1, blocks, h, w, block), lambda n, oc, y, x, ob: te.sum(
-        P[n, ic, y + kh, x + kw, ib] * W[oc, ic, kh, kw, ib, ob], axis=[ic, kh, kw, ib]), name="Y")
+    X, W, Y = _padded_conv_tensors(blocks, h, w, block)
     S, B = te.placeholder((blocks * block,), "float32", name="S"), te.placeholder((blocks * block,), "float32", name="B")
     R = te.placeholder((1, blocks * block, h, w), "float32", name="R")
     out = te.compute((1, blocks * block, h, w), lambda n, c, y, x: te.max(
