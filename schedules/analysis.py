@@ -83,25 +83,8 @@ def _uniform(block, ivars) -> bool:
     return True
 
 
-#: the latest kernels' block infos, by their PrimFunc (the same object while a schedule is
-#: unchanged): the heuristic asks twice of each kernel, once to choose a whole-kernel form and
-#: once in its ``applies`` (3 ms a kernel of the transformer layer's, Zen 4)
-_RECENT_INFOS: list[tuple[tirx.PrimFunc, list[BlockInfo]]] = []
-
-
 def block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
     """What the policies need of each block at the root of ``sch``, in order."""
-    func = sch.mod["main"]
-    for seen, infos in _RECENT_INFOS:
-        if seen.same_as(func):
-            return list(infos)
-    out = _block_infos(sch)
-    _RECENT_INFOS.insert(0, (func, out))
-    del _RECENT_INFOS[4:]
-    return list(out)
-
-
-def _block_infos(sch: s_tir.Schedule) -> list[BlockInfo]:
     out = []
     roots = root_blocks(sch)
     at_root = {stmt(sch, rv).name_hint for rv in roots}

@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import REDUCE, root_blocks, stmt
+from schedules.analysis import REDUCE, BlockInfo, block_infos, root_blocks, stmt
 from schedules.axes import Axis, AxisType, ImplGraph
 from schedules.primitives import prim
 
@@ -78,6 +78,7 @@ class ScheduleBuilder:
     choices: list = field(init=False, default_factory=list)
     into_output: list = field(init=False, default_factory=list)  # (scratch, output) buffer names
     prefetches: list = field(init=False, default_factory=list)  # (block, axis, (row block, row axis), rows)
+    _infos: tuple | None = field(init=False, default=None, repr=False)  # (PrimFunc, its block infos)
 
     def __post_init__(self):
         self.sch = s_tir.Schedule(tvm.IRModule({"main": self.func}))
@@ -92,6 +93,15 @@ class ScheduleBuilder:
             self.groups[name] = ScheduleGroup(name, self._fresh_impl(name))
 
     # ------------------------------------------------------------------ blocks
+    def infos(self) -> list[BlockInfo]:
+        """``block_infos`` of the schedule as it stands, computed once for each state of it: the
+        heuristic asks before choosing a whole-kernel form and PersistentRows again in its
+        ``applies`` (3 ms a kernel of the transformer layer's, Zen 4)."""
+        func = self.sch.mod["main"]
+        if self._infos is None or not self._infos[0].same_as(func):
+            self._infos = (func, block_infos(self.sch))
+        return list(self._infos[1])
+
     def block_names(self) -> list[str]:
         return [stmt(self.sch, b).name_hint for b in root_blocks(self.sch)]
 
@@ -232,6 +242,7 @@ class ScheduleBuilder:
         other.choices = list(self.choices)
         other.into_output = list(self.into_output)
         other.prefetches = list(self.prefetches)
+        other._infos = self._infos  # keyed by its PrimFunc: valid while the copy is unchanged
         return other
 
     # ------------------------------------------------------------------ result

@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from schedules.analysis import BlockInfo, block_infos, root_blocks, stmt
+from schedules.analysis import BlockInfo, root_blocks, stmt
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.policies import (POLICIES, Keep2D, MergeAllBlockVectorize, ParallelOnly, Policy, ReadTile,
                                 RegisterTiledAnchor, RowPerCore, SplitReduction, TransposeTile)
@@ -54,7 +54,7 @@ def schedule_kernel(func: tirx.PrimFunc, machine: Machine = Machine(), fuse_epil
                     name: str = "kernel") -> ScheduleResult:
     """Schedule every block of ``func`` by the heuristic; returns the ScheduleResult."""
     builder = ScheduleBuilder(func)
-    infos = block_infos(builder.sch)
+    infos = builder.infos()
     for form in whole_kernel_policies(machine):
         if form.applies(infos[-1], builder):
             tried = form.trial(builder, infos[-1], form.default(infos[-1], fuse_epilogue), label=form.name)

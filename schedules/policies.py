@@ -17,7 +17,7 @@ from typing import Iterator
 import tvm
 from tvm import s_tir
 
-from schedules.analysis import (BlockInfo, arithmetic_ops, block_infos, input_stages, row_vector, stmt, vector_factor,
+from schedules.analysis import (BlockInfo, arithmetic_ops, input_stages, row_vector, stmt, vector_factor,
                                 widest_divisor)
 from schedules.axes import ImplGraph
 from schedules.builder import ScheduleBuilder
@@ -707,7 +707,7 @@ class PersistentRows(Policy):
         output axis split into (groups, per group), as (axis, per), where the statistics come
         from a grouped view of it: a group norm's (N, G, C/G, H, W) against its output's
         (N, C, H, W), whose rows are then (n, g), C/G x H x W contiguous elements each."""
-        infos = infos or block_infos(builder.sch)
+        infos = infos or builder.infos()
         reductions = [i for i in infos if i.reduce]
         if len(infos) < 2 or not reductions or any(i.kind == "anchor" for i in infos):
             return None
@@ -736,7 +736,7 @@ class PersistentRows(Policy):
         return (rows, split) if 0 < rows < len(out_shape) else None
 
     def apply(self, builder, info, knobs):
-        infos = block_infos(builder.sch)
+        infos = builder.infos()
         rows, split = self.rows(builder, infos)
         names = builder.block_names()
         flat = {i.name: i.flat_reduce for i in infos}

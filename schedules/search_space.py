@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import tvm_ffi
 from tvm import tirx
 
-from schedules.analysis import BlockInfo, block_infos
+from schedules.analysis import BlockInfo
 from schedules.builder import ScheduleBuilder, ScheduleResult
 from schedules.heuristic import policies_for, schedule_kernel, whole_kernel_policies
 from schedules.policies import FAILURES, POLICIES, Policy
@@ -39,7 +39,7 @@ def apply_candidate(func: tirx.PrimFunc, machine: Machine, candidate: Candidate,
                     name: str = "kernel") -> ScheduleResult:
     """Replay a candidate on ``func``; raises ``CandidateError`` if a step no longer applies."""
     builder = ScheduleBuilder(func)
-    infos = {i.name: i for i in block_infos(builder.sch)}
+    infos = {i.name: i for i in builder.infos()}
     last = list(infos.values())[-1]
     for label, knobs in candidate:
         policy_name, _, block = label.partition("@")
@@ -71,7 +71,7 @@ def enumerate_space(func: tirx.PrimFunc, machine: Machine, limit: int = 2048,
     all share its first choices).
     """
     builder = ScheduleBuilder(func)
-    infos = block_infos(builder.sch)
+    infos = builder.infos()
     # each step chose its knobs on the way (Policy.trial)
     leaves = ((steps, leaf.result("kernel")) for steps, leaf in _walk(builder, infos, 0, set(), machine))
     return _distinct(_whole_kernel_forms(builder, infos, machine), leaves, limit, prefer)
@@ -83,7 +83,7 @@ def sample_space(func: tirx.PrimFunc, machine: Machine, n: int, seed: int = 0,
     uniformly), for spaces too large to enumerate."""
     rng = random.Random(seed)
     builder = ScheduleBuilder(func)
-    infos = block_infos(builder.sch)
+    infos = builder.infos()
     walks = (_random_walk(builder, infos, machine, rng) for _ in range(attempts * n))
     return _distinct(_whole_kernel_forms(builder, infos, machine), (w for w in walks if w is not None), n, prefer)
 
@@ -116,7 +116,7 @@ def space_bound(func: tirx.PrimFunc, machine: Machine) -> int:
     """An upper bound of the space's size: the product of each block's options (blocks a
     policy claims, and options that fail, make the real space smaller)."""
     builder = ScheduleBuilder(func)
-    infos = block_infos(builder.sch)
+    infos = builder.infos()
     bound = 1
     for info in infos:
         bound *= max(1, len(_options(builder, info, machine)))
