@@ -200,6 +200,11 @@ def workloads(quick: bool) -> dict[str, Workload]:
         "rms_norm": Workload(lambda: (RMSNorm(768), torch.randn(rows, 768)), True),
         "mish": Workload(lambda: (Mish(), torch.randn(3, 500 // s, 700)), True),
         "group_norm_silu": Workload(lambda: (GroupNormSiLU(8, 48), torch.randn(4, 48, 30, 30)), True),
+        # the exp-bearing three again, 64 MiB in and 64 out: past the L3 of the CPUs we run on
+        # (32 MiB on Zen 3 and Zen 4), where the copy that is their roofline runs at DRAM's speed
+        "softmax_past_l3": Workload(lambda: (Softmax(), torch.randn(8192 // s, 2048)), True),
+        "mish_past_l3": Workload(lambda: (Mish(), torch.randn(16 // s, 1024, 1024)), True),
+        "group_norm_silu_past_l3": Workload(lambda: (GroupNormSiLU(8, 48), torch.randn(64 // s, 48, 72, 72)), True),
         "matmul_512": Workload(lambda: (MatMul(512), torch.randn(512, 512)), False, 2 * 512 ** 3),
         "matmul_1024": Workload(lambda: (MatMul(1024), torch.randn(1024, 1024)), False, 2 * 1024 ** 3),
         "matmul_2048": Workload(lambda: (MatMul(2048 // s), torch.randn(2048 // s, 2048 // s)), False,
