@@ -17,6 +17,8 @@ import numpy as np
 
 PAGE = 4096
 ALIGN = 64
+#: blocks of this many bytes or more are mappings of their own (see ``HostBuffer``)
+OWN_MAPPING = 2 << 20
 
 
 def alignment(nbytes: int) -> int:
@@ -34,20 +36,22 @@ class HostBuffer:
     the next load that matches it in the low 12 address bits (4K aliasing), and the kernel ran
     25% slower.
 
-    From a page up it is an anonymous mapping of its own, in the OS's ordinary pages. Not a
-    numpy array: numpy advises its large allocations ``MADV_HUGEPAGE``, and in 2 MiB pages a
-    fresh 64 MiB buffer took 240-450 ms to fault in on our Zen 4 VM, against 27-43 ms in 4 KiB
-    pages, while calls on warm buffers ran within 2% either way (softmax, Mish and GroupNorm +
-    SiLU on 64 MiB, a 2048^2 matmul, conv-bn-relu-residual). A caller that keeps its outputs
-    pays that at every new block, and every model at its first call.
+    From 2 MiB up it is an anonymous mapping of its own, in the OS's ordinary pages. Not a
+    numpy array: numpy advises its arrays of 4 MiB and more ``MADV_HUGEPAGE``, and in 2 MiB
+    pages a fresh 64 MiB buffer took 240-450 ms to fault in on our Zen 4 VM, against 27-43 ms
+    in 4 KiB pages, while calls on warm buffers ran within 2-4% either way (softmax, Mish and
+    GroupNorm + SiLU on 64 MiB, a 2048^2 matmul, conv-bn-relu-residual). A caller that keeps
+    its outputs paid that at every new block, and every model at its first call. Below 2 MiB
+    it is a numpy array: a mapping each would spend the process's map count (65530 on Linux by
+    default) on a caller that keeps many small outputs.
     """
 
     def __init__(self, nbytes: int):
-        if nbytes >= PAGE:  # a mapping starts on a page
+        if nbytes >= OWN_MAPPING:  # a mapping starts on a page
             self._mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self.root = np.frombuffer(self._mapping, np.uint8)
         else:
-            self.root = np.empty(max(nbytes, 1) + ALIGN, np.uint8)
+            self.root = np.empty(max(nbytes, 1) + alignment(nbytes), np.uint8)
         start = -self.root.ctypes.data % alignment(nbytes)
         self.data = self.root[start:start + nbytes]
         self.data[::PAGE] = 0  # fault every page in now, not in the first call
