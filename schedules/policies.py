@@ -712,7 +712,8 @@ class PersistentRows(Policy):
         if len(infos) < 2 or not reductions or any(i.kind == "anchor" for i in infos):
             return None
         out_shape = [int(d) for d in builder.block(infos[-1].name).writes[0].source.shape]
-        shapes = [[int(d) for d in builder.block(r.name).writes[0].source.shape] for r in reductions]
+        shapes = [self._padded([int(d) for d in builder.block(r.name).writes[0].source.shape], out_shape)
+                  for r in reductions]
         split = None
         grouped = next((s for s in shapes if len(s) == len(out_shape) + 1), None)
         if grouped is not None:
@@ -734,6 +735,25 @@ class PersistentRows(Policy):
             # 64 x 64 scores, on which LLVM spent 48 s)
             return None
         return (rows, split) if 0 < rows < len(out_shape) else None
+
+    @staticmethod
+    def _padded(shape: list[int], out_shape: list[int]) -> list[int]:
+        """A statistic's shape with fewer axes than the output, as a norm written by hand over a
+        reshaped view leaves it (``x.reshape(N, G, -1).mean(-1, keepdim=True)``: (N, G, 1) for an
+        (N, C, H, W) output), in the output's terms: the axes it shares with the output, then
+        1s; where its last kept axis divides the output's (G of C), the grouped form (N, G, 1,
+        1, 1). It must keep the output's first axis (a statistic of each row, not of each
+        column); any other shape is returned as it is."""
+        if len(shape) >= len(out_shape):
+            return shape
+        d = next((d for d, (s, o) in enumerate(zip(shape, out_shape)) if s != o), len(shape))
+        if d == 0 or any(s != 1 for s in shape[d + 1:]):
+            return shape
+        if d == len(shape) or shape[d] == 1:  # (N, C) or (N, C, 1) of (N, C, H, W)
+            return shape[:d] + [1] * (len(out_shape) - d)
+        if out_shape[d] % shape[d]:
+            return shape
+        return shape[:d + 1] + [1] * (len(out_shape) - d)
 
     def apply(self, builder, info, knobs):
         infos = builder.infos()

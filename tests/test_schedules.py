@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 import tvm
 import tvm_ffi
 from tvm import relax, te
@@ -491,6 +492,61 @@ def test_a_group_norm_of_any_grouping_compiles_group_by_group(shape, groups):
     gamma, beta = (rng.standard_normal(c).astype("float32") for _ in range(2))
     np.testing.assert_allclose(compiled(x, gamma, beta), _group_norm_silu_ref(x, gamma, beta, groups),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,out,padded", [
+    ((4, 8, 1), (4, 48, 30, 30), (4, 8, 1, 1, 1)),  # x.reshape(N, G, -1).mean(-1, keepdim=True)
+    ((4, 48, 1), (4, 48, 30, 30), (4, 48, 1, 1)),  # x.reshape(N, C, -1): an instance norm
+    ((4, 48), (4, 48, 30, 30), (4, 48, 1, 1)),  # the same without keepdim
+    ((4096,), (4096, 768), (4096, 1)),  # a row mean without keepdim
+    ((4, 7, 1), (4, 48, 30, 30), (4, 7, 1)),  # 7 groups of 48 channels: no grouped view
+    ((64,), (128, 64), (64,)),  # a column statistic: it does not keep the rows' axis
+    ((4, 8, 2), (4, 48, 30, 30), (4, 8, 2)),  # two values a group: not a statistic of it
+    ((4, 1, 1, 1), (4, 48, 30, 30), (4, 1, 1, 1)),  # as many axes: left as it is
+])
+def test_a_statistic_of_a_reshaped_view_is_read_in_the_outputs_axes(shape, out, padded):
+    assert PersistentRows._padded(list(shape), list(out)) == list(padded)
+
+
+class _GroupNormByHand(torch.nn.Module):
+    """GroupNorm + SiLU as diffusion code writes it: over a reshaped view (N, G, -1)."""
+
+    def __init__(self, groups):
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, x):
+        g = x.reshape(x.shape[0], self.groups, -1)
+        d = g - g.mean(-1, keepdim=True)
+        y = d * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5)
+        return torch.nn.functional.silu(y).reshape(x.shape)
+
+
+@pytest.mark.parametrize("mcpu", ["host", "skylake-avx512", "znver3", "x86-64"])
+@pytest.mark.parametrize("shape,groups,parallel", [((4, 48, 30, 30), 8, True), ((2, 12, 16, 16), 12, True),
+                                                   ((2, 17, 5, 5), 1, False)])  # 850 elements: one core
+def test_a_group_norm_written_by_hand_over_a_reshaped_view_runs_group_by_group(shape, groups, parallel, mcpu):
+    """Its statistics are (N, G, 1), against an (N, C, H, W) output: read in the output's
+    axes, they are the grouped form, and the kernel is one parallel loop over the N x G groups
+    (before: a parallel loop over all of x per statistic, then one for the output; 64 x 48 x 72
+    x 72, past the L3 of a Zen 4: 8.47 -> 5.33 ms, kernels alone). Built for each target; run
+    on the host, against PyTorch."""
+    from tvm_ext.frontends import from_torch
+
+    target = tvm_ext.host_target() if mcpu == "host" else cpu_target(mcpu)
+    x = torch.from_numpy((np.random.default_rng(0).standard_normal(shape) * 3 + 20).astype("float32"))
+    model = _GroupNormByHand(groups)
+    compiled = tvm_ext.compile(from_torch(model, (x,)), target=target)
+    (kernel,) = compiled.report().kernels
+    assert {p.split(":")[1] for p in kernel.schedule.split(", ")} == {"persistent_rows"}
+    func = next(f for f in compiled.lowered_module.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    root = func.body.block.body
+    assert isinstance(root, tvm.tirx.For) and int(root.extent) == shape[0] * groups, "every stage under one loop"
+    assert (root.kind == tvm.tirx.ForKind.PARALLEL) == parallel
+    if mcpu == "host":
+        with torch.no_grad():
+            want = model(x).numpy()
+        np.testing.assert_allclose(compiled(x.numpy()), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("l1_bytes,prefetches", [(32 << 10, 1), (4 << 10, 0)])
