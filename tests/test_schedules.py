@@ -574,6 +574,31 @@ def test_a_statistic_whose_groups_are_not_the_outputs_rows_is_not_taken_row_by_r
         np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
+def _column_sum(shape):
+    """The one unscheduled kernel of x.sum(axis=0): a register tile of one output row."""
+    mod = build_module(lambda x: R.sum(x, axis=[0]), [(shape, "float32")])
+    pipe = tvm_ext.Pipeline(schedule=False)
+    lowered, _ = pipe.lower(pipe.prepare(mod))
+    return next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+@pytest.mark.parametrize("vector_bytes", [64, 32, 16])  # AVX-512, AVX2, SSE
+@pytest.mark.parametrize("shape,parallel", [((4096, 512), True), ((256, 1024), True), ((8, 64), False)])
+def test_a_column_sum_splits_its_tiles_across_the_cores_by_its_work(shape, parallel, vector_bytes):
+    # one output row: no batch and no row axis to split, so the tiles along it go to the cores
+    # when rows x columns are work enough (8 x 64 is not: parallel_min_elems 4096)
+    machine = Machine(cores=2, vector_bytes=vector_bytes)
+    func = _column_sum(shape)
+    result = schedule_kernel(func, machine)
+    assert [c.partition("@")[0] for c, _ in result.choices][-1] == "register_tile"
+    loops = [s for s in _root_statements(result.func) if isinstance(s, tvm.tirx.For)]
+    kinds = [(int(f.extent), f.kind == tvm.tirx.ForKind.PARALLEL) for f in loops]
+    assert any(par and extent == 2 for extent, par in kinds) == parallel, kinds
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    (got,) = _run(result.func, [x], [(shape[1],)])
+    np.testing.assert_allclose(got, x.sum(0), rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("l1_bytes,prefetches", [(32 << 10, 1), (4 << 10, 0)])
 def test_persistent_rows_prefetches_the_next_row_only_where_two_rows_fit_in_l1(l1_bytes, prefetches):
     # softmax rows of 1024 floats (4 KiB): the next row's prefetches go beside the row being
