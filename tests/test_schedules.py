@@ -529,7 +529,7 @@ def test_a_group_norm_written_by_hand_over_a_reshaped_view_runs_group_by_group(s
     """Its statistics are (N, G, 1), against an (N, C, H, W) output: read in the output's
     axes, they are the grouped form, and the kernel is one parallel loop over the N x G groups
     (before: a parallel loop over all of x per statistic, then one for the output; 64 x 48 x 72
-    x 72, past the L3 of a Zen 4: 8.47 -> 5.33 ms, kernels alone). Built for each target; run
+    x 72, past the L3 of a Zen 4: 8.50 -> 5.24 ms, kernels alone). Built for each target; run
     on the host, against PyTorch."""
     from tvm_ext.frontends import from_torch
 
