@@ -584,13 +584,15 @@ def _column_sum(shape):
 
 @pytest.mark.parametrize("vector_bytes", [64, 32, 16])  # AVX-512, AVX2, SSE
 @pytest.mark.parametrize("shape,parallel", [((4096, 512), True), ((256, 1024), True), ((8, 64), False)])
-def test_a_column_sum_splits_its_tiles_across_the_cores_by_its_work(shape, parallel, vector_bytes):
+def test_a_column_sum_takes_tiles_of_four_vectors_split_across_the_cores_by_its_work(shape, parallel, vector_bytes):
     # one output row: no batch and no row axis to split, so the tiles along it go to the cores
-    # when rows x columns are work enough (8 x 64 is not: parallel_min_elems 4096)
+    # when rows x columns are work enough (8 x 64 is not: parallel_min_elems 4096); its tile,
+    # one row, is four vectors wide: four chains of adds
     machine = Machine(cores=2, vector_bytes=vector_bytes)
     func = _column_sum(shape)
     result = schedule_kernel(func, machine)
     assert [c.partition("@")[0] for c, _ in result.choices][-1] == "register_tile"
+    assert f"T.vectorized({4 * vector_bytes // 4})" in result.script()
     loops = [s for s in _root_statements(result.func) if isinstance(s, tvm.tirx.For)]
     kinds = [(int(f.extent), f.kind == tvm.tirx.ForKind.PARALLEL) for f in loops]
     assert any(par and extent == 2 for extent, par in kinds) == parallel, kinds
