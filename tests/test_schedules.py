@@ -592,7 +592,8 @@ def test_a_column_sum_takes_tiles_of_four_vectors_split_across_the_cores_by_its_
     func = _column_sum(shape)
     result = schedule_kernel(func, machine)
     assert [c.partition("@")[0] for c, _ in result.choices][-1] == "register_tile"
-    assert f"T.vectorized({4 * vector_bytes // 4})" in result.script()
+    lanes = vector_bytes // 4  # float32
+    assert f"T.vectorized({4 * lanes})" in result.script()
     loops = [s for s in _root_statements(result.func) if isinstance(s, tvm.tirx.For)]
     kinds = [(int(f.extent), f.kind == tvm.tirx.ForKind.PARALLEL) for f in loops]
     assert any(par and extent == 2 for extent, par in kinds) == parallel, kinds
