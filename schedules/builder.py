@@ -102,6 +102,11 @@ class ScheduleBuilder:
             self._infos = (func, block_infos(self.sch))
         return list(self._infos[1])
 
+    def runs(self, name: str) -> int:
+        """How many times block ``name``'s body runs: the product of its loops' extents (after
+        a compute_at, more than it has elements where it is computed again under the loop)."""
+        return math.prod(a.size for a in self.impl(name).axis)
+
     def block_names(self) -> list[str]:
         return [stmt(self.sch, b).name_hint for b in root_blocks(self.sch)]
 

@@ -645,8 +645,7 @@ class RegisterTiledAnchor(Policy):
         for attempt in (builder.copy(), builder):  # the trial first: a failure leaves builder as it was
             try:
                 attempt.reverse_compute_at(consumer, name, axis)
-                runs = math.prod(a.size for a in attempt.impl(consumer).axis)
-                if runs != elements:
+                if attempt.runs(consumer) != elements:
                     return None
                 attempt.compute_inline(copy)
             except (s_tir.ScheduleError, tvm.error.InternalError, RuntimeError, TypeError):
@@ -846,13 +845,13 @@ class PersistentRows(Policy):
             # spills them (AVX2's 15 lanes of 900: 91 instructions an iteration against 80)
             impl.merge(impl.names[1], outer)
         order = [m for n in names[:-1] for m in [partials.get(n), combines.get(n), *halves.get(n, []), n] if m]
-        runs = {name: math.prod(a.size for a in builder.impl(name).axis) for name in order}
+        runs = {name: builder.runs(name) for name in order}
         for name in reversed(order):
             builder.compute_at(name, out, row)
         for name in order:
             # a stage whose row is not the output's (a statistic of channels c % G read against
             # groups of c // (C/G)) would be computed whole under every row: 22x the time
-            if math.prod(a.size for a in builder.impl(name).axis) != runs[name]:
+            if builder.runs(name) != runs[name]:
                 raise ValueError(f"{name}: under the output's rows it would run more than once")
         stage_loops = {}  # row stage -> its loop over vectors of the row
         halving = {step for steps in halves.values() for step in steps}

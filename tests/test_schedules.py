@@ -574,14 +574,6 @@ def test_a_statistic_whose_groups_are_not_the_outputs_rows_is_not_taken_row_by_r
         np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
-def _column_sum(shape):
-    """The one unscheduled kernel of x.sum(axis=0): a register tile of one output row."""
-    mod = build_module(lambda x: R.sum(x, axis=[0]), [(shape, "float32")])
-    pipe = tvm_ext.Pipeline(schedule=False)
-    lowered, _ = pipe.lower(pipe.prepare(mod))
-    return next(f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
-
-
 @pytest.mark.parametrize("vector_bytes", [64, 32, 16])  # AVX-512, AVX2, SSE
 @pytest.mark.parametrize("shape,parallel", [((4096, 512), True), ((256, 1024), True), ((8, 64), False)])
 def test_a_column_sum_takes_tiles_of_four_vectors_split_across_the_cores_by_its_work(shape, parallel, vector_bytes):
@@ -589,7 +581,7 @@ def test_a_column_sum_takes_tiles_of_four_vectors_split_across_the_cores_by_its_
     # when rows x columns are work enough (8 x 64 is not: parallel_min_elems 4096); its tile,
     # one row, is four vectors wide: four chains of adds
     machine = Machine(cores=2, vector_bytes=vector_bytes)
-    func = _column_sum(shape)
+    func = _row_kernel(lambda x: R.sum(x, axis=[0]), *shape)  # a register tile of one output row
     result = schedule_kernel(func, machine)
     assert [c.partition("@")[0] for c, _ in result.choices][-1] == "register_tile"
     lanes = vector_bytes // 4  # float32

@@ -48,8 +48,8 @@ class HostBuffer:
 
     def __init__(self, nbytes: int):
         if nbytes >= OWN_MAPPING:  # a mapping starts on a page
-            self._mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self.root = np.frombuffer(self._mapping, np.uint8)
+            # the array holds the mapping (its base): unmapped when the last view goes
+            self.root = np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
         else:
             self.root = np.empty(max(nbytes, 1) + alignment(nbytes), np.uint8)
         start = -self.root.ctypes.data % alignment(nbytes)
