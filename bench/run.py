@@ -59,8 +59,10 @@ THREADS = os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(
 os.environ.setdefault("OMP_NUM_THREADS", THREADS)
 # torch.compile's first call as a user's first compile of a model: Inductor's caches start empty
 # (with the caches of an earlier run it took 0.0-0.1 s here, against 1.4-2.4 s cold); each
-# model's first call also gets its own (see fresh_cache below)
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-"))
+# model's first call also gets its own (see fresh_cache below). The directory goes at exit.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _INDUCTOR_CACHE = tempfile.TemporaryDirectory(prefix="bench-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE.name
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import numpy as np  # noqa: E402
