@@ -28,10 +28,9 @@ from schedules.history import ApplyHistoryBest  # noqa: E402
 from tvm_ext.models import BUILTIN_MODELS  # noqa: E402
 
 
-def main(quick: bool, trials: int | None, db_path: str | None) -> None:
+def main(quick: bool, trials: int | None, db_path: str) -> None:
     model = BUILTIN_MODELS["transformer_block"]()
     trials = trials or (16 if quick else 160)
-    db_path = db_path or os.path.join(tempfile.mkdtemp(prefix="tvm_ext_tuning_"), "records.jsonl")
     print(f"model: {model.name}, input {list(model.inputs[0].shape)}; {trials} trials; records in {db_path}")
 
     # 1. The untuned compile: the heuristic's schedule for every kernel.
@@ -82,6 +81,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 trials: a smoke run")
     parser.add_argument("--trials", type=int, help="measurements in all (default 160, 16 with --quick)")
-    parser.add_argument("--db", help="the records' file (default: a new temporary one)")
+    parser.add_argument("--db", help="the records' file (default: a temporary one, removed at the end)")
     args = parser.parse_args()
-    main(args.quick, args.trials, args.db)
+    if args.db:
+        main(args.quick, args.trials, args.db)
+    else:
+        with tempfile.TemporaryDirectory(prefix="tvm_ext_tuning_") as tmp:
+            main(args.quick, args.trials, os.path.join(tmp, "records.jsonl"))
